@@ -82,6 +82,26 @@ def _repack_cpu_layers(model: torch.nn.Module) -> int:
     return count
 
 
+def _ensure_process_group() -> None:
+    """external_launcher needs torch.distributed; a single unlaunched process gets a private 1-rank gloo group.
+
+    Under torchrun/accelerate the trainer's group must already exist (vLLM would otherwise build its own, with
+    a different rank layout), so a multi-process environment without one is an error.
+    """
+    if dist.is_initialized():
+        return
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError("Initialise torch.distributed (e.g. via Accelerator()) before building the engine.")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
     """Create the tensor-parallel groups `[0..T-1], [T..2T-1], ...` and return this rank's group.
 
@@ -162,8 +182,7 @@ class ColocatedEngine:
     ):
         from vllm import LLM
 
-        if not dist.is_initialized():
-            raise RuntimeError("Initialise torch.distributed (e.g. via Accelerator()) before building the engine.")
+        _ensure_process_group()
         rank, world = dist.get_rank(), dist.get_world_size()
         if world % tensor_parallel_size:
             raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} must divide the world size {world}.")

@@ -1,0 +1,54 @@
+"""Command line: `python -m colocate_grpo --config recipe.yaml [--field value ...]`.
+
+Multi-process: `accelerate launch --config_file accelerate_configs/cpu.yaml -m colocate_grpo --config recipe.yaml`.
+Flags override the YAML recipe, which overrides the defaults; `--help` lists every field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trl
+
+from .config import ColocateGRPOConfig, ScriptArguments
+
+
+@dataclass
+class ModelArguments(trl.ModelConfig):
+    """`trl.ModelConfig`, checked at parse time."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.model_name_or_path:
+            raise ValueError("model_name_or_path is required: a local model folder or a hub id.")
+        if self.use_peft:
+            raise ValueError("use_peft=true: LoRA weight sync is not available in this release; set use_peft: false.")
+
+
+def make_parser() -> trl.TrlParser:
+    return trl.TrlParser((ScriptArguments, ColocateGRPOConfig, ModelArguments))
+
+
+def main(argv: list[str] | None = None) -> None:
+    script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
+    from .data import load_prompts
+    from .rewards import build_reward_funcs
+    from .trainer import ColocateGRPOTrainer
+
+    reward_funcs = build_reward_funcs(script_args.reward_funcs)
+    dataset = load_prompts(script_args, seed=training_args.seed)
+    init_kwargs = dict(training_args.model_init_kwargs or {})
+    init_kwargs.setdefault("dtype", model_args.dtype or "auto")
+    init_kwargs.setdefault("revision", model_args.model_revision)
+    training_args.model_init_kwargs = init_kwargs
+
+    trainer = ColocateGRPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        print(f"colocate_grpo: model, logs and metrics.png saved in {training_args.output_dir}")

@@ -1,0 +1,89 @@
+"""Datasets -> a `prompt` column of chat messages plus an `answer` column for the rewards.
+
+Sources, chosen by `dataset_name`:
+- `reasoning_gym:<task>`: generated offline by reasoning-gym (gsm_symbolic, basic_arithmetic, countdown, chain_sum,
+  ...), seeded, with reference answers;
+- a local file or folder (json, jsonl, parquet, csv);
+- anything else is passed to `datasets.load_dataset` (hub ids, when online).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+
+RG_PREFIX = "reasoning_gym:"
+_LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def reasoning_gym_dataset(task: str, size: int, seed: int) -> Dataset:
+    """Generate `size` examples of a reasoning-gym task offline.
+
+    Returns:
+        `Dataset` with columns `prompt` (question text), `answer` (reference string) and `task`.
+    """
+    try:
+        import reasoning_gym
+    except ImportError as exc:
+        raise ImportError("reasoning_gym tasks need reasoning-gym: pip install 'colocate_grpo[math]'.") from exc
+    try:
+        generated = reasoning_gym.create_dataset(task, size=size, seed=seed)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"dataset_name={RG_PREFIX}{task}: unknown reasoning-gym task ({exc}).") from exc
+    rows = [{"prompt": e["question"], "answer": str(e["answer"]), "task": task} for e in generated]
+    return Dataset.from_list(rows)
+
+
+def _load_raw(name: str, config: str | None, split: str, size: int, seed: int) -> Dataset:
+    if name.startswith(RG_PREFIX):
+        return reasoning_gym_dataset(name.removeprefix(RG_PREFIX), size, seed)
+    path = Path(name)
+    if path.exists():
+        files = sorted(p for p in path.iterdir() if p.suffix in _LOCAL_FORMATS) if path.is_dir() else [path]
+        if not files or files[0].suffix not in _LOCAL_FORMATS:
+            raise ValueError(f"dataset_name={name}: expected {sorted(_LOCAL_FORMATS)} files.")
+        return load_dataset(_LOCAL_FORMATS[files[0].suffix], data_files=[str(f) for f in files], split="train")
+    return load_dataset(name, config, split=split)
+
+
+def to_chat(
+    dataset: Dataset, prompt_column: str, answer_column: str, system_prompt: str | None
+) -> Dataset:
+    """Turn the question column into chat messages (`prompt`) and the reference into `answer`.
+
+    A `prompt_column` that already holds message lists is kept, with the system prompt prepended if given.
+    """
+    for column in (prompt_column, answer_column):
+        if column not in dataset.column_names:
+            field_name = "prompt_column" if column == prompt_column else "answer_column"
+            raise ValueError(
+                f"{field_name}={column!r} is not a column of the dataset (columns: {dataset.column_names})."
+            )
+
+    def convert(example: dict) -> dict:
+        question = example[prompt_column]
+        messages = list(question) if isinstance(question, list) else [{"role": "user", "content": str(question)}]
+        if system_prompt:
+            messages = [{"role": "system", "content": system_prompt}] + messages
+        return {"prompt": messages, "answer": str(example[answer_column])}
+
+    drop = [c for c in dataset.column_names if c in (prompt_column, answer_column, "prompt", "answer")]
+    return dataset.map(convert, remove_columns=drop)
+
+
+def load_prompts(script_args, seed: int = 0) -> Dataset:
+    """Load the training split named by `script_args` and convert it to chat prompts.
+
+    Args:
+        script_args (`ScriptArguments`): dataset fields of the recipe.
+        seed (`int`, *optional*, defaults to `0`): generation seed for offline tasks.
+    """
+    raw = _load_raw(
+        script_args.dataset_name,
+        script_args.dataset_config,
+        script_args.dataset_train_split,
+        script_args.dataset_size,
+        seed,
+    )
+    return to_chat(raw, script_args.prompt_column, script_args.answer_column, script_args.system_prompt)

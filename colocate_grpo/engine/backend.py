@@ -1,0 +1,125 @@
+"""The bridge between TRL's GRPOTrainer and the colocated engine.
+
+`ColocatedGeneration` has the interface TRL's trainer calls on its generation backend (`sync_weights()` once per
+new set of weights, `generate(...)` every generation round), and composes three parts built without a trainer:
+an engine (`ColocatedEngine`), a weight source (`colocate_grpo.weight_sync`) and a probe (`SyncProbe`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+
+from ..weight_sync import SyncProbe, weight_source
+from .colocated import ColocatedEngine, SamplingConfig
+
+MetricSink = Callable[[str, float], None]
+
+
+class ColocatedGeneration:
+    """Generation backend for `ColocateGRPOTrainer`.
+
+    Args:
+        model (`torch.nn.Module`):
+            The policy being trained (possibly wrapped); read by the weight source and the probe.
+        engine (`ColocatedEngine`):
+            This rank's engine.
+        sampling (`SamplingConfig`):
+            Sampling settings for rollouts.
+        probe (`SyncProbe`, *optional*):
+            Verification run after every sync; `None` disables it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        engine: ColocatedEngine,
+        sampling: SamplingConfig,
+        probe: SyncProbe | None = None,
+    ):
+        self.model = model
+        self.engine = engine
+        self.llm = engine.llm  # TRL reads `.llm` for the engine's max_model_len in tool loops
+        self.sampling = sampling
+        self.probe = probe
+        self.step_fn: Callable[[], int] = lambda: -1
+        self.log_metric: MetricSink = lambda name, value: None
+        self.sync_count = 0
+
+    def bind(self, log_metric: MetricSink, step_fn: Callable[[], int]) -> None:
+        """Attach the trainer's metric sink and step counter (kept out of `__init__` so tests need no trainer)."""
+        self.log_metric, self.step_fn = log_metric, step_fn
+
+    def sync_weights(self) -> None:
+        """Push the current policy weights into the engine, then verify them with the probe.
+
+        Every rank calls this once per optimizer step (TRL tracks the last loaded step), so gathers inside the
+        source line up across ranks and the probe's max-reduction sees every rank.
+        """
+        start = time.perf_counter()
+        count, nbytes = self.engine.load_weights(weight_source(self.model))
+        seconds = time.perf_counter() - start
+        self.sync_count += 1
+        self.log_metric("sync/seconds", seconds)
+        self.log_metric("sync/bytes", float(nbytes))
+        self.log_metric("sync/tensors", float(count))
+        if self.probe is not None:
+            diff = self.probe.check(self.model, self.engine, self.step_fn())
+            self.log_metric("sync/probe_max_logprob_diff", diff)
+
+    def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None) -> tuple:
+        """Generate one completion per prompt id list (TRL has already repeated each prompt `num_generations` times).
+
+        Returns:
+            `tuple`: `(prompt_ids, completion_ids, logprobs, None)` with logprobs shaped `[batch, completion_len, 1]`,
+            the layout TRL's trainer unpacks.
+        """
+        if images is not None and any(img is not None for img in images):
+            raise NotImplementedError("ColocateGRPOTrainer does not support image prompts yet.")
+        start = time.perf_counter()
+        with profiler or nullcontext():
+            out = self.engine.generate(prompts, self.sampling)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(c) for c in out.completion_ids)
+        self.log_metric("generation/seconds", seconds)
+        self.log_metric("generation/tokens_per_second", tokens / max(seconds, 1e-9))
+        logprobs = [[[lp] for lp in seq] for seq in out.logprobs]
+        return out.prompt_ids, out.completion_ids, logprobs, None
+
+
+def build_generation(model: torch.nn.Module, processing_class, args, max_num_seqs: int) -> ColocatedGeneration:
+    """Build engine, sampling and probe from a `ColocateGRPOConfig` (the trainer's one entry point here)."""
+    from ..weight_sync.probe import default_tolerance
+    from .colocated import configure_cpu_runtime
+
+    configure_cpu_runtime(args.local_world_size, args.vllm_cpu_kvcache_space_gb)
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    engine = ColocatedEngine(
+        model.name_or_path,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        dtype=args.engine_dtype,
+        max_model_len=args.vllm_max_model_length,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        enforce_eager=args.vllm_enforce_eager,
+        seed=args.seed,
+    )
+    sampling = SamplingConfig(
+        max_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
+        extra=dict(args.generation_kwargs or {}),
+    )
+    probe = None
+    if args.weight_sync_probe:
+        dtype = args.engine_dtype if args.engine_dtype != "auto" else model.dtype
+        tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
+        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
+    return ColocatedGeneration(model, engine, sampling, probe)

@@ -1,0 +1,54 @@
+"""Rewards: pure functions `(completions, **columns) -> list[float | None]`, built lazily by name.
+
+`build_reward_funcs(["accuracy", "format", "my_pkg.rewards.brevity"])` returns only what the recipe lists;
+names not in `REGISTRY` are imported as dotted paths. Completions are TRL's: plain strings, or for chat prompts a
+one-message list `[{"role": "assistant", "content": ...}]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+RewardFunc = Callable[..., list]
+
+# name -> "module:factory"; factories are imported only when the recipe uses them (math-verify is optional).
+REGISTRY: dict[str, str] = {
+    "accuracy": "colocate_grpo.rewards.math:accuracy_reward",
+    "format": "colocate_grpo.rewards.format:think_answer_format_reward",
+    "boxed": "colocate_grpo.rewards.format:boxed_answer_reward",
+}
+
+
+def _import_dotted(path: str) -> RewardFunc:
+    module_name, _, attr = path.replace(":", ".").rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"reward_funcs: unknown reward {path!r}; use one of {sorted(REGISTRY)} or a dotted path pkg.module.func."
+        )
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward_funcs: cannot import {path!r} ({exc}); check the dotted path.") from exc
+    if not callable(func):
+        raise ValueError(f"reward_funcs: {path!r} is not callable.")
+    return func
+
+
+def check_reward_names(names: list[str]) -> None:
+    """Fail at parse time on names that are neither registered nor importable."""
+    for name in names:
+        if name not in REGISTRY:
+            _import_dotted(name)
+
+
+def build_reward_funcs(names: list[str]) -> list[RewardFunc]:
+    """Build the reward functions a recipe lists, in order (so `reward_weights` line up)."""
+    return [_import_dotted(REGISTRY[n]) if n in REGISTRY else _import_dotted(n) for n in names]
+
+
+def completion_text(completion) -> str:
+    """The text of one TRL completion (a string, or a list of chat messages)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion if m.get("role") == "assistant")

@@ -1,0 +1,62 @@
+"""`ColocateGRPOTrainer`: TRL's GRPOTrainer with the colocated engine as its generation backend.
+
+Everything else (data loading, reward calculation, advantages, loss, logging, saving) is TRL's. The subclass only
+swaps the generation backend for `ColocatedGeneration`, which syncs the policy weights into the in-process engine
+once per optimizer step and verifies each sync with a logprob probe.
+
+Use it like `trl.GRPOTrainer`:
+    trainer = ColocateGRPOTrainer(model="path/or/id", reward_funcs=[...], args=ColocateGRPOConfig(...),
+                                  train_dataset=dataset)
+    trainer.train()
+Launch multi-process runs with `accelerate launch` (see accelerate_configs/) or torchrun.
+"""
+
+from __future__ import annotations
+
+import trl
+
+from ._compat import generation_backend, metrics_store
+from .config import ColocateGRPOConfig
+from .engine.backend import ColocatedGeneration, build_generation
+from .plotting import MetricsPlotCallback
+
+
+class ColocateGRPOTrainer(trl.GRPOTrainer):
+    """GRPO trainer whose rollouts come from a vLLM engine inside every training rank.
+
+    Args:
+        model (`str` or `PreTrainedModel`):
+            The policy. The engine starts from `model.name_or_path` and receives the live weights at the first sync.
+        reward_funcs (`list`):
+            Reward callables (see `colocate_grpo.rewards`) or reward-model ids, as for `trl.GRPOTrainer`.
+        args (`ColocateGRPOConfig`, *optional*):
+            Training configuration; defaults to `ColocateGRPOConfig(output_dir="<model>-ColocateGRPO")`.
+        **kwargs:
+            Passed to `trl.GRPOTrainer` (`train_dataset`, `processing_class`, `peft_config`, `callbacks`, ...).
+    """
+
+    _tag_names = ["trl", "grpo", "colocate_grpo"]
+    vllm_generation: ColocatedGeneration
+
+    def __init__(self, model, reward_funcs, args: ColocateGRPOConfig | None = None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = ColocateGRPOConfig(output_dir=f"{name.rstrip('/').split('/')[-1]}-ColocateGRPO")
+        if not isinstance(args, ColocateGRPOConfig):
+            raise TypeError(
+                f"args must be a ColocateGRPOConfig, got {type(args).__name__}; build it with "
+                "ColocateGRPOConfig(**your_grpo_config.to_dict())."
+            )
+
+        def factory(*, model, processing_class, max_num_seqs, **_trl_kwargs):
+            return build_generation(model, processing_class, args, max_num_seqs)
+
+        with generation_backend(factory):
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        store = metrics_store(self)
+        self.vllm_generation.bind(
+            log_metric=lambda name, value: store["train"][name].append(value),
+            step_fn=lambda: self.state.global_step,
+        )
+        if args.plot_metrics:
+            self.add_callback(MetricsPlotCallback())
