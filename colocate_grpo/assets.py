@@ -60,15 +60,16 @@ def prepare_smollm2(root: Path = DEFAULT_DIR) -> Path:
     if (out / _DONE).exists():
         return out
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     gguf = _smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses GGUF-loaded models, so rebuild a plain Llama from the dequantised state dict.
-    config = loaded.config
-    config.tie_word_embeddings = True
-    config.torch_dtype = torch.float32
+    settings = loaded.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
+        settings.pop(key, None)  # the dequantised copy is a plain float32 checkpoint
+    config = LlamaConfig(**{**settings, "tie_word_embeddings": True, "dtype": "float32"})
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:

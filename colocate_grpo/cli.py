@@ -22,7 +22,9 @@ class ModelArguments(trl.ModelConfig):
         if not self.model_name_or_path:
             raise ValueError("model_name_or_path is required: a local model folder or a hub id.")
         if self.use_peft:
-            raise ValueError("use_peft=true: LoRA weight sync is not available in this release; set use_peft: false.")
+            raise ValueError(
+                "use_peft=true: LoRA weight sync is not available in this release; set use_peft: false."
+            )
 
 
 def make_parser() -> trl.TrlParser:

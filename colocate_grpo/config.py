@@ -43,9 +43,13 @@ class ScriptArguments(trl.ScriptArguments):
     """
 
     dataset_size: int = field(default=512, metadata={"help": "Examples generated for a reasoning_gym: task."})
-    prompt_column: str = field(default="prompt", metadata={"help": "Column with the question text or messages."})
+    prompt_column: str = field(
+        default="prompt", metadata={"help": "Column with the question text or messages."}
+    )
     answer_column: str = field(default="answer", metadata={"help": "Column with the reference answer."})
-    system_prompt: str | None = field(default=None, metadata={"help": "System message prepended to every prompt."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System message prepended to every prompt."}
+    )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy", "format"],
         metadata={"help": "Reward names (see colocate_grpo.rewards) or dotted paths to user functions."},
@@ -86,7 +90,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             Write `metrics.png` (reward and step time) to `output_dir` at the end of training.
     """
 
-    use_vllm: bool = field(default=True, metadata={"help": "Always true: generation runs in the colocated engine."})
+    use_vllm: bool = field(
+        default=True, metadata={"help": "Always true: generation runs in the colocated engine."}
+    )
     vllm_mode: Literal["colocate"] = field(
         default="colocate", metadata={"help": "Generation backend: the in-process colocated engine."}
     )
@@ -97,12 +103,19 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         default=None, metadata={"help": "Disable CUDA graphs/compile (default: true on CPU, false on GPU)."}
     )
     vllm_cpu_kvcache_space_gb: int = field(default=2, metadata={"help": "KV-cache GiB per rank on CPU."})
-    weight_sync_probe: bool = field(default=True, metadata={"help": "Verify every weight sync with a logprob probe."})
-    weight_sync_probe_tolerance: float | None = field(
-        default=None, metadata={"help": "Max |logprob diff| allowed (default 1e-3 fp32, 0.15 half precision)."}
+    weight_sync_probe: bool = field(
+        default=True, metadata={"help": "Verify every weight sync with a logprob probe."}
     )
-    weight_sync_probe_text: str = field(default=DEFAULT_PROBE_TEXT, metadata={"help": "Text of the probe sequence."})
-    plot_metrics: bool = field(default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."})
+    weight_sync_probe_tolerance: float | None = field(
+        default=None,
+        metadata={"help": "Max |logprob diff| allowed (default 1e-3 fp32, 0.15 half precision)."},
+    )
+    weight_sync_probe_text: str = field(
+        default=DEFAULT_PROBE_TEXT, metadata={"help": "Text of the probe sequence."}
+    )
+    plot_metrics: bool = field(
+        default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."}
+    )
 
     def __post_init__(self):
         on_gpu = _cuda_available()
@@ -116,7 +129,7 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             self.vllm_enforce_eager = not on_gpu
         self._check_fields(on_gpu)
         super().__post_init__()
-        world = self.world_size
+        world = self.launch_world_size
         if world % self.vllm_tensor_parallel_size:
             raise ValueError(
                 f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} must divide the number of processes "
@@ -139,7 +152,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
                 "saves GPU memory)."
             )
         if self.weight_sync_probe_tolerance is not None and not self.weight_sync_probe_tolerance > 0:
-            raise ValueError(f"weight_sync_probe_tolerance must be > 0, got {self.weight_sync_probe_tolerance}.")
+            raise ValueError(
+                f"weight_sync_probe_tolerance must be > 0, got {self.weight_sync_probe_tolerance}."
+            )
         if not self.max_completion_length or self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}.")
         if self.vllm_cpu_kvcache_space_gb < 1:
@@ -153,5 +168,10 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         return "auto" if _cuda_available() else "float32"
 
     @property
+    def launch_world_size(self) -> int:
+        """Processes started by the launcher (torchrun/accelerate export WORLD_SIZE before any state exists)."""
+        return int(os.environ.get("WORLD_SIZE", self.world_size))
+
+    @property
     def local_world_size(self) -> int:
-        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.launch_world_size))

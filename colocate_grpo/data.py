@@ -26,7 +26,9 @@ def reasoning_gym_dataset(task: str, size: int, seed: int) -> Dataset:
     try:
         import reasoning_gym
     except ImportError as exc:
-        raise ImportError("reasoning_gym tasks need reasoning-gym: pip install 'colocate_grpo[math]'.") from exc
+        raise ImportError(
+            "reasoning_gym tasks need reasoning-gym: pip install 'colocate_grpo[math]'."
+        ) from exc
     try:
         generated = reasoning_gym.create_dataset(task, size=size, seed=seed)
     except (KeyError, ValueError) as exc:
@@ -43,13 +45,13 @@ def _load_raw(name: str, config: str | None, split: str, size: int, seed: int) -
         files = sorted(p for p in path.iterdir() if p.suffix in _LOCAL_FORMATS) if path.is_dir() else [path]
         if not files or files[0].suffix not in _LOCAL_FORMATS:
             raise ValueError(f"dataset_name={name}: expected {sorted(_LOCAL_FORMATS)} files.")
-        return load_dataset(_LOCAL_FORMATS[files[0].suffix], data_files=[str(f) for f in files], split="train")
+        return load_dataset(
+            _LOCAL_FORMATS[files[0].suffix], data_files=[str(f) for f in files], split="train"
+        )
     return load_dataset(name, config, split=split)
 
 
-def to_chat(
-    dataset: Dataset, prompt_column: str, answer_column: str, system_prompt: str | None
-) -> Dataset:
+def to_chat(dataset: Dataset, prompt_column: str, answer_column: str, system_prompt: str | None) -> Dataset:
     """Turn the question column into chat messages (`prompt`) and the reference into `answer`.
 
     A `prompt_column` that already holds message lists is kept, with the system prompt prepended if given.
@@ -63,7 +65,9 @@ def to_chat(
 
     def convert(example: dict) -> dict:
         question = example[prompt_column]
-        messages = list(question) if isinstance(question, list) else [{"role": "user", "content": str(question)}]
+        messages = (
+            list(question) if isinstance(question, list) else [{"role": "user", "content": str(question)}]
+        )
         if system_prompt:
             messages = [{"role": "system", "content": system_prompt}] + messages
         return {"prompt": messages, "answer": str(example[answer_column])}

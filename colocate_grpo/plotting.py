@@ -1,7 +1,9 @@
-"""End-of-training plot: reward curves and step time, saved as `metrics.png` in `output_dir`."""
+"""End of training: the full log history as `log_history.json` and a plot of reward and step time as `metrics.png`,
+both in `output_dir` (the log history survives even when `save_strategy` is "no")."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from transformers import TrainerCallback
 class MetricsPlotCallback(TrainerCallback):
     """Record wall time per optimizer step; at the end, plot rewards (from the log history) and step seconds."""
 
-    def __init__(self):
+    def __init__(self, plot: bool = True):
+        self.plot = plot
         self._last = None
         self.step_seconds: list[tuple[int, float]] = []
 
@@ -26,7 +29,11 @@ class MetricsPlotCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            plot_metrics(state.log_history, self.step_seconds, Path(args.output_dir) / "metrics.png")
+            out = Path(args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "log_history.json").write_text(json.dumps(state.log_history, indent=1))
+            if self.plot:
+                plot_metrics(state.log_history, self.step_seconds, out / "metrics.png")
 
 
 def plot_metrics(log_history: list[dict], step_seconds: list[tuple[int, float]], path: Path) -> Path:
@@ -37,7 +44,14 @@ def plot_metrics(log_history: list[dict], step_seconds: list[tuple[int, float]],
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
-    keys = sorted({k for row in log_history for k in row if k == "reward" or (k.startswith("rewards/") and k.endswith("/mean"))})
+    keys = sorted(
+        {
+            k
+            for row in log_history
+            for k in row
+            if k == "reward" or (k.startswith("rewards/") and k.endswith("/mean"))
+        }
+    )
     for key in keys:
         points = [(row["step"], row[key]) for row in log_history if key in row]
         ax_r.plot(*zip(*points), marker="o", label=key)

@@ -58,5 +58,4 @@ class ColocateGRPOTrainer(trl.GRPOTrainer):
             log_metric=lambda name, value: store["train"][name].append(value),
             step_fn=lambda: self.state.global_step,
         )
-        if args.plot_metrics:
-            self.add_callback(MetricsPlotCallback())
+        self.add_callback(MetricsPlotCallback(plot=args.plot_metrics))

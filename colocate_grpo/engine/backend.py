@@ -90,7 +90,9 @@ class ColocatedGeneration:
         return out.prompt_ids, out.completion_ids, logprobs, None
 
 
-def build_generation(model: torch.nn.Module, processing_class, args, max_num_seqs: int) -> ColocatedGeneration:
+def build_generation(
+    model: torch.nn.Module, processing_class, args, max_num_seqs: int
+) -> ColocatedGeneration:
     """Build engine, sampling and probe from a `ColocateGRPOConfig` (the trainer's one entry point here)."""
     from ..weight_sync.probe import default_tolerance
     from .colocated import configure_cpu_runtime

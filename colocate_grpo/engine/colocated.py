@@ -14,7 +14,6 @@ every packed layer after loading. A vLLM upgrade that moves any of this should o
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -91,7 +90,9 @@ def _ensure_process_group() -> None:
     if dist.is_initialized():
         return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError("Initialise torch.distributed (e.g. via Accelerator()) before building the engine.")
+        raise RuntimeError(
+            "Initialise torch.distributed (e.g. via Accelerator()) before building the engine."
+        )
     import socket
 
     with socket.socket() as sock:
@@ -185,7 +186,9 @@ class ColocatedEngine:
         _ensure_process_group()
         rank, world = dist.get_rank(), dist.get_world_size()
         if world % tensor_parallel_size:
-            raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} must divide the world size {world}.")
+            raise ValueError(
+                f"vllm_tensor_parallel_size={tensor_parallel_size} must divide the world size {world}."
+            )
         self.tensor_parallel_size = tensor_parallel_size
         self.tp_group = make_tp_group(tensor_parallel_size)
         self.on_cpu = not torch.cuda.is_available()
@@ -305,7 +308,11 @@ class ColocatedEngine:
         """Bring back `"weights"` (before a sync) or `"kv_cache"` (before generation) if sleep mode put them away."""
         if not self.enable_sleep_mode:
             return
-        wanted = [t for t in tags if (t == "weights" and self._weights_asleep) or (t == "kv_cache" and self._kv_asleep)]
+        wanted = [
+            t
+            for t in tags
+            if (t == "weights" and self._weights_asleep) or (t == "kv_cache" and self._kv_asleep)
+        ]
         if "kv_cache" in wanted and self._weights_asleep:
             wanted.insert(0, "weights")
         if wanted:
@@ -322,10 +329,3 @@ class ColocatedEngine:
         gathered: list = [None] * self.tensor_parallel_size
         dist.all_gather_object(gathered, prompt_ids, group=self.tp_group)
         return [p for chunk in gathered for p in chunk]
-
-
-def timed(fn, *args, **kwargs):
-    """Run `fn` and return `(result, seconds)`."""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

@@ -8,7 +8,7 @@ import threading
 from . import completion_text
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
 def _final_answer(text: str) -> str:
@@ -30,7 +30,9 @@ def accuracy_reward(completions: list, answer: list, **kwargs) -> list[float | N
     try:
         from math_verify import parse, verify
     except ImportError as exc:
-        raise ImportError("The accuracy reward needs math-verify: pip install 'colocate_grpo[math]'.") from exc
+        raise ImportError(
+            "The accuracy reward needs math-verify: pip install 'colocate_grpo[math]'."
+        ) from exc
     # math-verify's timeouts use signal.alarm, which only works on the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     rewards: list[float | None] = []

@@ -20,8 +20,14 @@ def main(model_dir: str, tp: int, report_dir: str) -> None:
     configure_cpu_runtime(int(os.environ.get("LOCAL_WORLD_SIZE", world)), kv_cache_gb=1)
     from transformers import AutoModelForCausalLM
 
-    engine = ColocatedEngine(model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=256,
-                             enforce_eager=True, max_num_seqs=16)
+    engine = ColocatedEngine(
+        model_dir,
+        tensor_parallel_size=tp,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        max_num_seqs=16,
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     probe = SyncProbe(list(range(100, 140)), tolerance=1e-3)
     report = {"rank": rank, "world": world, "tp": tp}
@@ -48,7 +54,6 @@ def main(model_dir: str, tp: int, report_dir: str) -> None:
     with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.barrier()
-
 
 
 if __name__ == "__main__":

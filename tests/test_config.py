@@ -1,0 +1,109 @@
+"""Config parsing: precedence, unknown keys, and every validation error, all before any model loads."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from colocate_grpo.cli import make_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {
+    "model_name_or_path": "some/model",
+    "dataset_name": "reasoning_gym:basic_arithmetic",
+    "output_dir": "outputs/x",
+    "per_device_train_batch_size": 4,
+    "num_generations": 4,
+}
+
+
+def parse(tmp_path, recipe: dict, *flags: str):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return make_parser().parse_args_and_config(args=["--config", str(path), *flags])
+
+
+def test_defaults_then_yaml_then_cli(tmp_path):
+    script, train, model = parse(
+        tmp_path, {**BASE, "learning_rate": 2e-5, "max_completion_length": 32}, "--learning_rate", "3e-6"
+    )
+    assert train.learning_rate == 3e-6  # CLI beats YAML
+    assert train.max_completion_length == 32  # YAML beats default
+    assert train.weight_sync_probe is True and train.vllm_mode == "colocate"  # defaults
+    assert script.reward_funcs == ["accuracy", "format"] and model.model_name_or_path == "some/model"
+    assert train.use_cpu is True and train.bf16 is False  # CPU specifics set by the package
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="learning_rat"):
+        parse(tmp_path, {**BASE, "learning_rat": 1e-5})
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"vllm_tensor_parallel_size": 3}, "vllm_tensor_parallel_size=3 must divide"),
+        ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
+        ({"weight_sync_probe_tolerance": -1.0}, "weight_sync_probe_tolerance"),
+        ({"use_vllm": False}, "use_vllm=false"),
+        ({"num_generations": 3}, "num_generations"),
+        ({"reward_funcs": ["no_such_reward"]}, "reward_funcs"),
+        ({"reward_funcs": ["colocate_grpo.rewards.nope"]}, "reward_funcs"),
+        ({"reward_funcs": []}, "reward_funcs"),
+        ({"dataset_size": 0}, "dataset_size"),
+        ({"use_peft": True}, "use_peft"),
+        ({"vllm_cpu_kvcache_space_gb": 0}, "vllm_cpu_kvcache_space_gb"),
+        ({"max_completion_length": 0}, "max_completion_length"),
+    ],
+)
+def test_validation_errors_name_the_field(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        parse(tmp_path, {**BASE, **override})
+
+
+def test_bad_literal_value_is_rejected(tmp_path):
+    with pytest.raises((ValueError, SystemExit)):
+        parse(tmp_path, BASE, "--vllm_dtype", "float8")
+
+
+def test_missing_model_and_dataset(tmp_path):
+    with pytest.raises(ValueError, match="model_name_or_path"):
+        parse(tmp_path, {k: v for k, v in BASE.items() if k != "model_name_or_path"})
+    with pytest.raises(ValueError, match="dataset_name"):
+        parse(tmp_path, {k: v for k, v in BASE.items() if k != "dataset_name"})
+
+
+@pytest.mark.parametrize(
+    "recipe", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.parent.name + "/" + p.name
+)
+def test_every_recipe_parses(recipe):
+    text = recipe.read_text()
+    assert text.startswith("#") and "accelerate launch" in text.split("\n\n")[0] + text[:600], (
+        "header = launch command"
+    )
+    # The header's launch command names the world size; its TP size must divide it. The parse itself runs in this
+    # single process (setting WORLD_SIZE here would make accelerate try to join a real process group).
+    match = re.search(r"--num_processes (\d+)", text)
+    world = int(match.group(1)) if match else 2
+    tp = yaml.safe_load(text).get("vllm_tensor_parallel_size", 1)
+    assert world % tp == 0
+    script, train, model = make_parser().parse_args_and_config(
+        args=["--config", str(recipe), "--vllm_tensor_parallel_size", "1"]
+    )
+    assert model.model_name_or_path and script.dataset_name and train.output_dir
+
+
+def test_help_lists_options(capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for option in (
+        "--vllm_tensor_parallel_size",
+        "--weight_sync_probe_tolerance",
+        "--reward_funcs",
+        "--dataset_name",
+        "--system_prompt",
+        "--model_name_or_path",
+    ):
+        assert option in out
