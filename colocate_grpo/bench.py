@@ -1,0 +1,174 @@
+"""Benchmark: ColocateGRPOTrainer vs TRL's stock GRPOTrainer on the same recipe, measured in one run.
+
+Variants, each trained for `--steps` optimizer steps in its own `accelerate launch` (2 processes on CPU):
+- `colocate_grpo`: this package;
+- `trl_no_vllm`: `trl.GRPOTrainer` with `use_vllm=False` (transformers `generate`);
+- `trl_colocate`: `trl.GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` (TRL's own vLLM engine and sync).
+All variants get the same recipe (model, data, batch, lengths, lr) and the same CPU process setup; the stock ones
+get TRL's defaults for everything this package decides itself (engine dtype, kernels, sync).
+
+Reported per variant: median wall seconds per optimizer step (first step excluded: it includes warm-up), rollout tokens per
+second (completion tokens per step / step seconds), and ratios against each baseline. For `colocate_grpo` it also
+reports the probe difference a *missed* sync would show on this recipe: after the last optimizer step the engine
+still holds the previous weights, so measuring the probe then is exactly a skipped sync.
+
+Usage: `python -m colocate_grpo.bench --recipe recipes/smollm2-135m/colocate_cpu.yaml --steps 4`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+VARIANTS = ("colocate_grpo", "trl_colocate", "trl_no_vllm")
+
+
+def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
+    import trl
+
+    from .cli import make_parser
+    from .data import load_prompts
+    from .plotting import MetricsPlotCallback
+    from .rewards import build_reward_funcs
+
+    script, args, model_args = make_parser().parse_args_and_config(
+        args=[
+            "--config",
+            recipe,
+            "--max_steps",
+            str(steps),
+            "--output_dir",
+            str(out / variant),
+            "--report_to",
+            "none",
+            "--plot_metrics",
+            "false",
+        ]
+    )
+    rewards = build_reward_funcs(script.reward_funcs)
+    data = load_prompts(script, seed=args.seed)
+    args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
+    if variant == "colocate_grpo":
+        from .trainer import ColocateGRPOTrainer
+
+        trainer = ColocateGRPOTrainer(
+            model=model_args.model_name_or_path, reward_funcs=rewards, args=args, train_dataset=data
+        )
+    else:
+        names = {f.name for f in fields(trl.GRPOConfig) if f.init}
+        stock = {k: v for k, v in args.to_dict().items() if k in names}
+        stock.update(
+            use_vllm=variant == "trl_colocate",
+            vllm_mode="colocate",
+            use_cpu=args.use_cpu,
+            bf16=args.bf16,
+            model_init_kwargs=args.model_init_kwargs,
+        )
+        stock_args = trl.GRPOConfig(**{k: v for k, v in stock.items() if k not in ("world_size",)})
+        trainer = trl.GRPOTrainer(
+            model=model_args.model_name_or_path, reward_funcs=rewards, args=stock_args, train_dataset=data
+        )
+    clock = MetricsPlotCallback(plot=False)  # wall time of every whole optimizer step, same for all variants
+    trainer.add_callback(clock)
+    start = time.perf_counter()
+    trainer.train()
+    result = {
+        "variant": variant,
+        "train_seconds": time.perf_counter() - start,
+        "log_history": trainer.state.log_history,
+        "step_seconds": [s for _, s in clock.step_seconds],
+    }
+    if variant == "colocate_grpo":
+        gen = trainer.vllm_generation
+        result["missed_sync_probe_diff"] = gen.probe.measure(gen.model, gen.engine) if gen.probe else None
+        result["probe_tolerance"] = gen.probe.tolerance if gen.probe else None
+    if trainer.accelerator.is_main_process:
+        (out / f"{variant}.json").write_text(json.dumps(result))
+
+
+def _summarise(result: dict, completions_per_step: int) -> dict:
+    rows = [r for r in result["log_history"] if "completions/mean_length" in r]
+    times = result["step_seconds"][1:] or result["step_seconds"]
+    tokens = [r["completions/mean_length"] * completions_per_step for r in rows[1:] or rows]
+    step = statistics.median(times)
+    return {"s_per_step": step, "rollout_tok_per_s": statistics.mean(tokens) / step}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="recipes/smollm2-135m/colocate_cpu.yaml")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--accelerate_config", default="accelerate_configs/cpu.yaml")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench"))
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args.worker, args.recipe, args.steps, args.out)
+
+    import yaml
+
+    recipe = yaml.safe_load(Path(args.recipe).read_text())
+    nproc = int(yaml.safe_load(Path(args.accelerate_config).read_text()).get("num_processes", 1))
+    completions_per_step = recipe.get("per_device_train_batch_size", 8) * nproc
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for variant in args.variants:
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            args.accelerate_config,
+            "-m",
+            "colocate_grpo.bench",
+            "--worker",
+            variant,
+            "--recipe",
+            args.recipe,
+            "--steps",
+            str(args.steps),
+            "--out",
+            str(args.out),
+        ]
+        print(f"[bench] {variant}: {' '.join(cmd)}", flush=True)
+        log = args.out / f"{variant}.log"
+        with log.open("w") as fh:
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=3600).returncode
+        if rc != 0:
+            print(f"[bench] {variant} failed (exit {rc}); see {log}")
+            continue
+        result = json.loads((args.out / f"{variant}.json").read_text())
+        summary[variant] = _summarise(result, completions_per_step)
+        if "missed_sync_probe_diff" in result:
+            summary[variant]["missed_sync_probe_diff"] = result["missed_sync_probe_diff"]
+            summary[variant]["probe_tolerance"] = result["probe_tolerance"]
+        print(f"[bench] {variant}: {summary[variant]}", flush=True)
+    _report(summary)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def _report(summary: dict) -> None:
+    print("\nvariant            s/step   rollout tok/s")
+    for name, row in summary.items():
+        print(f"{name:<18} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
+    ours = summary.get("colocate_grpo")
+    for base, goal in (("trl_no_vllm", 3.0), ("trl_colocate", 1.2)):
+        if ours and base in summary:
+            ratio = summary[base]["s_per_step"] / ours["s_per_step"]
+            tok = ours["rollout_tok_per_s"] / summary[base]["rollout_tok_per_s"]
+            print(f"speed-up vs {base}: {ratio:.2f}x s/step, {tok:.2f}x rollout tok/s (goal >= {goal}x)")
+    if ours and ours.get("missed_sync_probe_diff") is not None:
+        print(
+            f"probe: a missed sync shows {ours['missed_sync_probe_diff']:.3g} (tolerance {ours['probe_tolerance']:.3g})"
+        )
+
+
+if __name__ == "__main__":
+    main()
