@@ -86,6 +86,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             Max allowed |logprob difference|; defaults to 1e-3 for float32 engines, 0.15 for half precision.
         weight_sync_probe_text (`str`, *optional*):
             Text of the probe sequence.
+        logprob_impl (`Literal["auto", "plain", "fused"]`, *optional*, defaults to `"auto"`):
+            How the loss scores completions: plain completion-only logits, or TRL's fused chunked LM head (saves
+            memory on large vocabularies). `auto` is plain on CPU, fused on GPU.
         plot_metrics (`bool`, *optional*, defaults to `True`):
             Write `metrics.png` (reward and step time) to `output_dir` at the end of training.
     """
@@ -112,6 +115,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     )
     weight_sync_probe_text: str = field(
         default=DEFAULT_PROBE_TEXT, metadata={"help": "Text of the probe sequence."}
+    )
+    logprob_impl: Literal["auto", "plain", "fused"] = field(
+        default="auto", metadata={"help": "Loss logprobs: plain logits or TRL's fused LM head (auto: plain on CPU)."}
     )
     plot_metrics: bool = field(
         default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."}
@@ -166,6 +172,12 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         if self.vllm_dtype != "auto":
             return self.vllm_dtype
         return "auto" if _cuda_available() else "float32"
+
+    @property
+    def resolved_logprob_impl(self) -> str:
+        if self.logprob_impl != "auto":
+            return self.logprob_impl
+        return "fused" if _cuda_available() else "plain"
 
     @property
     def launch_world_size(self) -> int:

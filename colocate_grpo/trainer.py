@@ -18,6 +18,7 @@ import trl
 from ._compat import generation_backend, metrics_store
 from .config import ColocateGRPOConfig
 from .engine.backend import ColocatedGeneration, build_generation
+from .logprobs import plain_token_logps
 from .plotting import MetricsPlotCallback
 
 
@@ -59,3 +60,42 @@ class ColocateGRPOTrainer(trl.GRPOTrainer):
             step_fn=lambda: self.state.global_step,
         )
         self.add_callback(MetricsPlotCallback(plot=args.plot_metrics))
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
+        """Plain completion-only logits where `logprob_impl` resolves to "plain" (CPU by default); TRL's fused LM
+        head otherwise, and always for multimodal or MoE-aux-loss batches. Returns `(logps, entropies, aux_loss)`,
+        each `[batch, logits_to_keep]` (aux_loss a scalar or None)."""
+        use_plain = self.args.resolved_logprob_impl == "plain" and not compute_aux_loss
+        if not use_plain or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **multimodal,
+            )
+        with self.accelerator.autocast():
+            logps, entropies = plain_token_logps(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                self.temperature,
+                batch_size,
+                compute_entropy,
+                entropy_requires_grad=self.args.entropy_coef > 0 or self.args.use_adaptive_entropy,
+            )
+        return logps, entropies, None
