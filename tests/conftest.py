@@ -34,3 +34,15 @@ def bin_path(name: str) -> str:
 
 def read_reports(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests are skipped, with a reason, where there is no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from .conftest import bin_path, run_cmd
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp):
+@pytest.mark.parametrize("tp,eager", [(1, "false"), (2, "true")], ids=["tp1-compiled", "tp2-eager"])
+def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp, eager):
     out = tmp_path / "run"
     result = run_cmd(
         [
@@ -30,6 +30,8 @@ def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp):
             str(out),
             "--vllm_tensor_parallel_size",
             str(tp),
+            "--vllm_enforce_eager",
+            eager,
         ],
         timeout=600,
     )

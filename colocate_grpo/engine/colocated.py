@@ -218,7 +218,7 @@ class ColocatedEngine:
             # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
             logprobs_mode="processed_logprobs",
         )
-        self._weights_asleep = False
+        self._weights_asleep = self._kv_asleep = False
         if enable_sleep_mode:
             self.sleep()
 

@@ -14,8 +14,11 @@ from colocate_grpo.engine.colocated import ColocatedEngine, SamplingConfig, conf
 from colocate_grpo.weight_sync import SyncProbe, weight_source
 
 
-def main(model_dir: str, tp: int, report_dir: str) -> None:
-    dist.init_process_group("gloo")
+def main(model_dir: str, tp: int, report_dir: str, sleep: bool = False) -> None:
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     configure_cpu_runtime(int(os.environ.get("LOCAL_WORLD_SIZE", world)), kv_cache_gb=1)
     from transformers import AutoModelForCausalLM
@@ -27,8 +30,12 @@ def main(model_dir: str, tp: int, report_dir: str) -> None:
         max_model_len=256,
         enforce_eager=True,
         max_num_seqs=16,
+        enable_sleep_mode=sleep,
+        gpu_memory_utilization=0.2,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if on_gpu:
+        model = model.cuda()
     probe = SyncProbe(list(range(100, 140)), tolerance=1e-3)
     report = {"rank": rank, "world": world, "tp": tp}
     report["diff_initial"] = probe.measure(model, engine)
@@ -57,4 +64,4 @@ def main(model_dir: str, tp: int, report_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sleep=len(sys.argv) > 4 and sys.argv[4] == "sleep")
