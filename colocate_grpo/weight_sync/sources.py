@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .names import to_engine_name
+from .names import is_adapter_only, to_engine_name
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
 
@@ -42,6 +42,34 @@ def plain_source(model: torch.nn.Module) -> WeightStream:
         yield to_engine_name(name), param.detach()
 
 
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+
+
+def peft_merged_source(model: torch.nn.Module) -> WeightStream:
+    """Base weights of an unsharded PEFT model with its adapters merged in (merge-then-sync).
+
+    The adapters are merged before the first tensor is yielded and unmerged once the stream is drained (or closed),
+    so the training model is back to base + adapter for the next step. LoRA factors are not sent: the engine holds
+    a plain base model.
+
+    Yields:
+        `tuple[str, torch.Tensor]`: checkpoint name and merged weight, any shape.
+    """
+    peft_model = unwrap(model)
+    with torch.no_grad():
+        peft_model.merge_adapter()
+    try:
+        for name, param in peft_model.named_parameters():
+            if not is_adapter_only(name):
+                yield to_engine_name(name), param.detach()
+    finally:
+        with torch.no_grad():
+            peft_model.unmerge_adapter()
+
+
 def weight_source(model: torch.nn.Module) -> WeightStream:
-    """Pick the source matching how `model` is distributed. Sharded/adapter sources are added here."""
+    """Pick the source matching how `model` is distributed and adapted."""
+    if _is_peft(unwrap(model)):
+        return peft_merged_source(model)
     return plain_source(model)

@@ -1,0 +1,55 @@
+"""Weight sources and name normalisation on real small models (no engine needed)."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from colocate_grpo.weight_sync import weight_source
+from colocate_grpo.weight_sync.names import is_adapter_only, to_engine_name
+
+
+def test_names_strip_every_wrapper():
+    assert (
+        to_engine_name(
+            "module._fsdp_wrapped_module.model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight"
+        )
+        == "model.layers.0.mlp.up_proj.weight"
+    )
+    assert to_engine_name("base_model.model.model.layers.1.self_attn.q_proj.base_layer.weight") == (
+        "model.layers.1.self_attn.q_proj.weight"
+    )
+    assert to_engine_name("base_model.model.lm_head.modules_to_save.default.weight") == "lm_head.weight"
+    assert is_adapter_only("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
+    assert is_adapter_only("base_model.model.lm_head.original_module.weight")
+    assert not is_adapter_only("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
+
+
+def test_plain_source_yields_checkpoint_names_once_for_tied(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    names = [n for n, _ in weight_source(model)]
+    assert names == list(dict(model.named_parameters()))  # tied lm_head appears once, under embed_tokens
+    assert "lm_head.weight" not in names
+
+
+def test_peft_source_yields_merged_base_weights_and_unmerges(tiny_model):
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    reference = {k: v.clone() for k, v in base.state_dict().items()}
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    delta = {}  # the merged weight the engine should receive, computed by hand: W + scale * B @ A
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+            delta[to_engine_name(name) + ".weight"] = module.scaling["default"] * (b @ a)
+    streamed = dict((n, t.clone()) for n, t in weight_source(model))
+    assert set(streamed) == set(reference) - {"lm_head.weight"}  # no LoRA factors, tied head once
+    for name, tensor in streamed.items():
+        expected = reference[name] + delta.get(name, 0)
+        torch.testing.assert_close(tensor, expected, atol=1e-6, rtol=1e-5)
+    # Unmerged afterwards: the base layers hold the original weights again.
+    q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    torch.testing.assert_close(q, reference["model.layers.0.self_attn.q_proj.weight"], atol=1e-6, rtol=1e-5)
