@@ -9,17 +9,16 @@ from safetensors.torch import load_file
 from .conftest import bin_path, run_cmd
 
 
-@pytest.mark.parametrize("tp,eager", [(1, "false"), (2, "true")], ids=["tp1-compiled", "tp2-eager"])
-def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp, eager):
-    out = tmp_path / "run"
-    result = run_cmd(
+def launch_tiny(tiny_model, out, port: int, *flags: str):
+    """`accelerate launch` (2 CPU processes) of the tiny test recipe, with extra CLI flags."""
+    return run_cmd(
         [
             bin_path("accelerate"),
             "launch",
             "--config_file",
             "accelerate_configs/cpu.yaml",
             "--main_process_port",
-            str(29700 + tp),
+            str(port),
             "-m",
             "colocate_grpo",
             "--config",
@@ -28,12 +27,17 @@ def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp, eage
             str(tiny_model),
             "--output_dir",
             str(out),
-            "--vllm_tensor_parallel_size",
-            str(tp),
-            "--vllm_enforce_eager",
-            eager,
+            *flags,
         ],
         timeout=600,
+    )
+
+
+@pytest.mark.parametrize("tp,eager", [(1, "false"), (2, "true")], ids=["tp1-compiled", "tp2-eager"])
+def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp, eager):
+    out = tmp_path / "run"
+    result = launch_tiny(
+        tiny_model, out, 29700 + tp, "--vllm_tensor_parallel_size", str(tp), "--vllm_enforce_eager", eager
     )
     assert result.returncode == 0, result.stderr[-4000:]
     history = json.loads((out / "log_history.json").read_text())
@@ -68,36 +72,22 @@ def test_skipped_sync_stops_training_with_stale_weights_error(tiny_model, tmp_pa
 
 def test_lora_merge_then_sync_matches_after_every_step(tiny_model, tmp_path):
     out = tmp_path / "lora"
-    result = run_cmd(
-        [
-            bin_path("accelerate"),
-            "launch",
-            "--config_file",
-            "accelerate_configs/cpu.yaml",
-            "--main_process_port",
-            "29711",
-            "-m",
-            "colocate_grpo",
-            "--config",
-            "recipes/tiny/colocate_test.yaml",
-            "--model_name_or_path",
-            str(tiny_model),
-            "--output_dir",
-            str(out),
-            "--use_peft",
-            "true",
-            "--lora_r",
-            "8",
-            "--lora_alpha",
-            "16",
-            "--lora_target_modules",
-            "q_proj",
-            "v_proj",
-            "up_proj",
-            "--learning_rate",
-            "5e-2",
-        ],
-        timeout=600,
+    result = launch_tiny(
+        tiny_model,
+        out,
+        29711,
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_alpha",
+        "16",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "up_proj",
+        "--learning_rate",
+        "5e-2",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     history = json.loads((out / "log_history.json").read_text())
