@@ -20,8 +20,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-_KEEP_FLAG = "_colocate_grpo_keeps_weight"
-
 
 def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
     """Set the vLLM-CPU knobs the user should not have to know about; a no-op when CUDA is available.
@@ -41,7 +39,6 @@ def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
     threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
-    _keep_cpu_linear_weights()
 
 
 def _keep_cpu_linear_weights() -> None:
@@ -54,13 +51,12 @@ def _keep_cpu_linear_weights() -> None:
     from vllm.model_executor.layers import utils as layer_utils
 
     original = layer_utils.dispatch_cpu_unquantized_gemm
-    if getattr(original, _KEEP_FLAG, False):
+    if hasattr(original, "original"):  # already installed
         return
 
     def dispatch_keeping_weight(layer: torch.nn.Module, remove_weight: bool) -> None:
         original(layer, remove_weight=False)
 
-    setattr(dispatch_keeping_weight, _KEEP_FLAG, True)
     dispatch_keeping_weight.original = original
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
 
@@ -196,6 +192,8 @@ class ColocatedEngine:
             raise ValueError(
                 "vllm_enable_sleep_mode: vLLM does not support sleep mode on CPU; set it to false on CPU machines."
             )
+        if self.on_cpu:
+            _keep_cpu_linear_weights()  # must precede weight loading, or load_weights has nothing to load into
         # external_launcher reads the torch.distributed coordinates from the environment.
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world))
