@@ -22,19 +22,6 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _sharded_backend(args) -> str | None:
-    """Name the launch setting that shards parameters, if any (accelerate exports its config as environment)."""
-    env = os.environ
-    if args.fsdp or env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        return "FSDP (accelerate config / --fsdp)"
-    stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and stage == "3":
-        return "DeepSpeed ZeRO-3 (accelerate config)"
-    if isinstance(args.deepspeed, dict) and args.deepspeed.get("zero_optimization", {}).get("stage") == 3:
-        return "DeepSpeed ZeRO-3 (--deepspeed)"
-    return None
-
-
 @dataclass
 class ScriptArguments(trl.ScriptArguments):
     """Data and reward arguments (TRL / open-r1 naming).
@@ -106,6 +93,10 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             memory on large vocabularies). `auto` is plain on CPU, fused on GPU.
         plot_metrics (`bool`, *optional*, defaults to `True`):
             Write `metrics.png` (reward and step time) to `output_dir` at the end of training.
+        weight_sync_bucket_mb (`float`, *optional*, defaults to `256`):
+            Cap on the extra memory a sync uses: sharded parameters (FSDP, ZeRO-3) are gathered and handed to the
+            engine in buckets of at most this many MiB (a single tensor, or an FSDP1 unit, larger than that is
+            gathered alone).
     """
 
     use_vllm: bool = field(
@@ -139,6 +130,10 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     plot_metrics: bool = field(
         default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."}
     )
+    weight_sync_bucket_mb: float = field(
+        default=256,
+        metadata={"help": "Most MiB of gathered (un-sharded) weights held at once during a sync."},
+    )
 
     def __post_init__(self):
         on_gpu = _cuda_available()
@@ -148,6 +143,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             self.use_cpu = True
             if self.bf16 is None and not self.fp16:
                 self.bf16 = False  # bf16 is emulated (slow) on CPUs without AVX512-BF16
+            from .launch import configure_cpu_sharding_env
+
+            configure_cpu_sharding_env()  # before TrainingArguments builds a DeepSpeed plugin
         self._check_fields(on_gpu)
         super().__post_init__()
         world = self.launch_world_size
@@ -165,10 +163,18 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             )
         if self.vllm_mode != "colocate":
             raise ValueError(f"vllm_mode={self.vllm_mode!r}: only 'colocate' is available in this release.")
-        if _sharded_backend(self):
+        if (
+            os.environ.get("FSDP_VERSION", "1") == "1"
+            and os.environ.get("FSDP_USE_ORIG_PARAMS", "").lower() == "false"
+        ):
             raise ValueError(
-                f"{_sharded_backend(self)}: weight sync from sharded parameters (FSDP, DeepSpeed ZeRO-3) is not "
-                "available in this release; use accelerate_configs/ddp.yaml or zero2.yaml (parameters replicated)."
+                "fsdp_use_orig_params=false: the FSDP1 weight sync reads the original parameters inside each unit; "
+                "set `fsdp_use_orig_params: true` in the accelerate config (see accelerate_configs/fsdp1_cpu.yaml)."
+            )
+        if self.weight_sync_bucket_mb <= 0:
+            raise ValueError(
+                f"weight_sync_bucket_mb must be > 0, got {self.weight_sync_bucket_mb}; it caps the extra memory a "
+                "sync gathers at once (e.g. 256)."
             )
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}.")

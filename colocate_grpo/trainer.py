@@ -18,6 +18,7 @@ import trl
 from ._compat import generation_backend, metrics_store
 from .config import ColocateGRPOConfig
 from .engine.backend import ColocatedGeneration, build_generation
+from .launch import cpu_sharding_support, fix_cpu_accelerator
 from .logprobs import plain_token_logps
 from .plotting import MetricsPlotCallback
 
@@ -58,8 +59,15 @@ class ColocateGRPOTrainer(trl.GRPOTrainer):
         self.vllm_generation.bind(
             log_metric=lambda name, value: store["train"][name].append(value),
             step_fn=lambda: self.state.global_step,
+            model_fn=lambda: self.model_wrapped,
         )
         self.add_callback(MetricsPlotCallback(plot=args.plot_metrics))
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """accelerate's Accelerator, with FSDP / DeepSpeed really enabled on CPU (see `colocate_grpo.launch`)."""
+        with cpu_sharding_support():
+            super().create_accelerator_and_postprocess()
+        fix_cpu_accelerator(self.accelerator)
 
     def _get_per_token_logps_and_entropies(
         self,

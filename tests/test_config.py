@@ -52,7 +52,7 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
         ({"reward_funcs": ["colocate_grpo.rewards.nope"]}, "reward_funcs"),
         ({"reward_funcs": []}, "reward_funcs"),
         ({"dataset_size": 0}, "dataset_size"),
-        ({"fsdp": "full_shard"}, "FSDP"),
+        ({"weight_sync_bucket_mb": 0}, "weight_sync_bucket_mb"),
         ({"vllm_cpu_kvcache_space_gb": 0}, "vllm_cpu_kvcache_space_gb"),
         ({"max_completion_length": 0}, "max_completion_length"),
     ],
@@ -109,8 +109,8 @@ def test_help_lists_options(capsys):
         assert option in out
 
 
-def test_zero3_launch_is_rejected_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    with pytest.raises(ValueError, match="ZeRO-3"):
+def test_fsdp1_without_orig_params_is_rejected_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    monkeypatch.setenv("FSDP_USE_ORIG_PARAMS", "false")
+    with pytest.raises(ValueError, match="fsdp_use_orig_params"):
         parse(tmp_path, BASE)

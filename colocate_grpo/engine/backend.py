@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from ..weight_sync import SyncProbe, weight_source
+from ..weight_sync.sources import local_fraction
 from .colocated import ColocatedEngine, SamplingConfig
 
 MetricSink = Callable[[str, float], None]
@@ -31,6 +32,8 @@ class ColocatedGeneration:
             Sampling settings for rollouts.
         probe (`SyncProbe`, *optional*):
             Verification run after every sync; `None` disables it.
+        bucket_bytes (`int`, *optional*, defaults to 256 MiB):
+            Most gathered bytes a sync holds at once (see `colocate_grpo.weight_sync.sources`).
     """
 
     def __init__(
@@ -39,8 +42,10 @@ class ColocatedGeneration:
         engine: ColocatedEngine,
         sampling: SamplingConfig,
         probe: SyncProbe | None = None,
+        bucket_bytes: int | None = 256 << 20,
     ):
-        self.model = model
+        self.model_fn: Callable[[], torch.nn.Module] = lambda: model
+        self.bucket_bytes = bucket_bytes
         self.engine = engine
         self.llm = engine.llm  # TRL reads `.llm` for the engine's max_model_len in tool loops
         self.sampling = sampling
@@ -49,9 +54,18 @@ class ColocatedGeneration:
         self.log_metric: MetricSink = lambda name, value: None
         self.sync_count = 0
 
-    def bind(self, log_metric: MetricSink, step_fn: Callable[[], int]) -> None:
-        """Attach the trainer's metric sink and step counter (kept out of `__init__` so tests need no trainer)."""
+    def bind(
+        self,
+        log_metric: MetricSink,
+        step_fn: Callable[[], int],
+        model_fn: Callable[[], torch.nn.Module] | None = None,
+    ) -> None:
+        """Attach the trainer's metric sink, step counter and, optionally, a getter for the policy as currently
+        wrapped (the Trainer wraps it in FSDP / DeepSpeed only when training starts); kept out of `__init__` so
+        tests need no trainer."""
         self.log_metric, self.step_fn = log_metric, step_fn
+        if model_fn is not None:
+            self.model_fn = model_fn
 
     def sync_weights(self) -> None:
         """Push the current policy weights into the engine, then verify them with the probe.
@@ -59,15 +73,18 @@ class ColocatedGeneration:
         Every rank calls this once per optimizer step (TRL tracks the last loaded step), so gathers inside the
         source line up across ranks and the probe's max-reduction sees every rank.
         """
+        model = self.model_fn()
         start = time.perf_counter()
-        count, nbytes = self.engine.load_weights(weight_source(self.model))
+        count, nbytes = self.engine.load_weights(weight_source(model, self.bucket_bytes))
         seconds = time.perf_counter() - start
         self.sync_count += 1
         self.log_metric("sync/seconds", seconds)
         self.log_metric("sync/bytes", float(nbytes))
         self.log_metric("sync/tensors", float(count))
+        self.log_metric("sync/gbytes_per_second", nbytes / max(seconds, 1e-9) / 1e9)
+        self.log_metric("sync/local_param_fraction", local_fraction(model))
         if self.probe is not None:
-            diff = self.probe.check(self.model, self.engine, self.step_fn())
+            diff = self.probe.check(model, self.engine, self.step_fn())
             self.log_metric("sync/probe_max_logprob_diff", diff)
 
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None) -> tuple:
@@ -124,4 +141,5 @@ def build_generation(
         dtype = args.engine_dtype if args.engine_dtype != "auto" else model.dtype
         tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
         probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
-    return ColocatedGeneration(model, engine, sampling, probe)
+    bucket_bytes = int(args.weight_sync_bucket_mb * (1 << 20))
+    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes)

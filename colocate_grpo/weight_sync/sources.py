@@ -1,75 +1,185 @@
 """Weight sources: each yields `(engine_name, full_tensor)` pairs for the engine's `load_weights` to consume.
 
 A source hides how the training backend stores its parameters; the sink (the colocated engine, or a server client)
-only sees full tensors under checkpoint names. Sharded (FSDP1/FSDP2/ZeRO-3) and adapter (PEFT) sources plug in here
-with the same signature; gathering collectives live inside the source, and every rank must drain the iterator in
-the same order so that the collectives line up.
+only sees full tensors under checkpoint names. The source packs the tensors to send (`items.sync_items`: plain
+parameters and LoRA-merged base weights) into buckets of at most `bucket_bytes` of gathered memory, gathers one
+bucket at a time with the backend's collective (`gather.py`), yields its tensors and frees it before the next
+bucket: the extra memory of a sync is bounded by the bucket size (or by the largest single tensor / FSDP1 unit,
+whichever is larger), never the whole model.
+
+Every rank must drain the stream completely and in the same order, even a rank that sends nothing: the gathers
+are collectives. A consumer must copy each tensor before asking for the next one (the bucket it lives in is freed
+when the stream moves on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Literal
 
 import torch
 
-from .names import is_adapter_only, to_engine_name
+from .gather import (
+    fsdp1_owners,
+    fsdp1_unit_bytes,
+    gather_fsdp1,
+    gather_fsdp2,
+    gather_nothing,
+    gather_zero3,
+    init_fsdp1_root,
+)
+from .items import FullTensor, SyncItem, sync_items
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
+Backend = Literal["plain", "fsdp1", "fsdp2", "zero3"]
+Bucket = tuple[Callable[[], AbstractContextManager[FullTensor]], list[SyncItem]]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / torch.compile wrappers (the objects, not just the names)."""
-    while True:
+    """Strip DDP / DeepSpeed engine / torch.compile wrappers, but never an FSDP1 root: its forward (used by the
+    probe) is what un-shards the root's own parameters."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    while not isinstance(model, FSDP):
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
+    return model
+
+
+def detect_backend(model: torch.nn.Module) -> Backend:
+    """How the parameters of `model` are distributed."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.tensor import DTensor
+
+    module = unwrap(model)
+    if isinstance(module, FSDP):
+        return "fsdp1"
+    for param in module.parameters():
+        if isinstance(param, DTensor):
+            return "fsdp2"
+        if hasattr(param, "ds_id"):
+            return "zero3"
+    return "plain"
+
+
+def _full_bytes(param: torch.nn.Parameter) -> int:
+    numel = getattr(param, "ds_numel", None) or param.numel()  # ZeRO-3 params are empty outside a gather
+    return numel * param.element_size()
+
+
+def _pack(items: Sequence[SyncItem], cost: Callable[[list[SyncItem]], int], cap: int) -> list[list[SyncItem]]:
+    """Greedy packing in order: a bucket grows while its gather cost stays within `cap` (at least one item)."""
+    buckets: list[list[SyncItem]] = []
+    current: list[SyncItem] = []
+    for item in items:
+        if current and cost(current + [item]) > cap:
+            buckets.append(current)
+            current = []
+        current.append(item)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _params_of(items: Sequence[SyncItem]) -> list[torch.nn.Parameter]:
+    seen, params = set(), []
+    for item in items:
+        for p in item.params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def plan_buckets(model: torch.nn.Module, bucket_bytes: int | None) -> list[Bucket]:
+    """The gather plan of one sync: `(gather_context_factory, items)` per bucket.
+
+    Args:
+        model (`torch.nn.Module`): the policy as the trainer holds it (DDP / FSDP / DeepSpeed wrapped or not).
+        bucket_bytes (`int`, *optional*): cap on gathered bytes per bucket; `None` gathers one item at a time
+            (the per-parameter baseline TRL uses).
+    """
+    module = unwrap(model)
+    backend = detect_backend(model)
+    items = sync_items(module)
+    cap = bucket_bytes if bucket_bytes is not None else 0
+    if backend == "plain":
+        return [(lambda: gather_nothing(()), items)]
+    if backend == "fsdp1":
+        init_fsdp1_root(module)
+        owners = fsdp1_owners(module)
+
+        def units_of(group: list[SyncItem]) -> list[torch.nn.Module]:
+            units = {id(owners[id(p)]): owners[id(p)] for it in group for p in it.params}
+            return list(units.values())
+
+        def cost(group: list[SyncItem]) -> int:
+            return sum(fsdp1_unit_bytes(u) for u in units_of(group))
+
+        return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, cost, cap)]
+    gather = gather_fsdp2 if backend == "fsdp2" else gather_zero3
+
+    def cost(group: list[SyncItem]) -> int:
+        return sum(_full_bytes(p) for p in _params_of(group))
+
+    return [(lambda g=g: gather(_params_of(g)), g) for g in _pack(items, cost, cap)]
+
+
+def weight_source(model: torch.nn.Module, bucket_bytes: int | None = 256 << 20) -> WeightStream:
+    """Stream the policy's full weights in the engine's naming, gathered bucket by bucket.
+
+    Args:
+        model (`torch.nn.Module`):
+            The policy, plain or wrapped (DDP, FSDP1 root, FSDP2 `fully_shard`, DeepSpeed ZeRO-3 engine or module),
+            with or without PEFT LoRA adapters (merged into the base weights on the fly).
+        bucket_bytes (`int`, *optional*, defaults to 256 MiB):
+            Most gathered bytes held at once; `None` for one item per gather.
+
+    Yields:
+        `tuple[str, torch.Tensor]`: checkpoint name and full tensor (any shape), valid until the next item.
+    """
+    for gather, items in plan_buckets(model, bucket_bytes):
+        with gather() as full:
+            for item in items:
+                yield item.name, item.build(full)
 
 
 def plain_source(model: torch.nn.Module) -> WeightStream:
-    """Full parameters of an unsharded model (single process or DDP, where every rank holds a full replica).
+    """Full parameters of an unsharded model (single process or DDP), no gathering."""
+    return weight_source(model, bucket_bytes=None)
 
-    Tied parameters (e.g. `lm_head.weight` tied to `model.embed_tokens.weight`) are yielded once under their first
-    name, which is the one vLLM loads for tied models. No collective is involved.
 
-    Args:
-        model (`torch.nn.Module`): the policy, possibly DDP-wrapped.
+def local_fraction(model: torch.nn.Module) -> float:
+    """Bytes of parameters this rank holds / full bytes of the model: 1.0 unsharded, ~1/world fully sharded.
 
-    Yields:
-        `tuple[str, torch.Tensor]`: checkpoint name and the parameter's data, detached, any shape.
+    Logged at each sync (`sync/local_param_fraction`) so a launch that silently fell back to replicated
+    parameters shows up.
     """
-    for name, param in unwrap(model).named_parameters():
-        yield to_engine_name(name), param.detach()
+    from torch.distributed.tensor import DTensor
 
+    module = unwrap(model)
+    backend = detect_backend(model)
+    local = full = 0
+    if backend == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-def _is_peft(model: torch.nn.Module) -> bool:
-    return hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
-
-
-def peft_merged_source(model: torch.nn.Module) -> WeightStream:
-    """Base weights of an unsharded PEFT model with its adapters merged in (merge-then-sync).
-
-    The adapters are merged before the first tensor is yielded and unmerged once the stream is drained (or closed),
-    so the training model is back to base + adapter for the next step. LoRA factors are not sent: the engine holds
-    a plain base model.
-
-    Yields:
-        `tuple[str, torch.Tensor]`: checkpoint name and merged weight, any shape.
-    """
-    peft_model = unwrap(model)
-    with torch.no_grad():
-        peft_model.merge_adapter()
-    try:
-        for name, param in peft_model.named_parameters():
-            if not is_adapter_only(name):
-                yield to_engine_name(name), param.detach()
-    finally:
-        with torch.no_grad():
-            peft_model.unmerge_adapter()
-
-
-def weight_source(model: torch.nn.Module) -> WeightStream:
-    """Pick the source matching how `model` is distributed and adapted."""
-    if _is_peft(unwrap(model)):
-        return peft_merged_source(model)
-    return plain_source(model)
+        for unit in module.modules():
+            handle = getattr(unit, "_handle", None) if isinstance(unit, FSDP) else None
+            if handle is not None:
+                local += handle.flat_param.numel()
+                full += handle.flat_param._unpadded_unsharded_size.numel()
+        return local / max(full, 1)
+    for param in module.parameters():
+        if isinstance(param, DTensor):
+            local += param.to_local().numel()
+            full += param.numel()
+        elif hasattr(param, "ds_id"):
+            local += param.ds_tensor.numel()
+            full += param.ds_numel
+        else:
+            local += param.numel()
+            full += param.numel()
+    return local / max(full, 1)
