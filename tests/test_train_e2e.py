@@ -9,14 +9,14 @@ from safetensors.torch import load_file
 from .conftest import bin_path, run_cmd
 
 
-def launch_tiny(tiny_model, out, port: int, *flags: str):
+def launch_tiny(tiny_model, out, port: int, *flags: str, config: str = "accelerate_configs/cpu.yaml"):
     """`accelerate launch` (2 CPU processes) of the tiny test recipe, with extra CLI flags."""
     return run_cmd(
         [
             bin_path("accelerate"),
             "launch",
             "--config_file",
-            "accelerate_configs/cpu.yaml",
+            config,
             "--main_process_port",
             str(port),
             "-m",

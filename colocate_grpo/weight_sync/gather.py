@@ -57,38 +57,38 @@ def gather_fsdp2(params: Sequence[torch.nn.Parameter]) -> Iterator[FullTensor]:
     from torch.distributed.tensor import DTensor
 
     sharded = [p for p in params if _is_row_sharded(p)]
-    full: dict[int, torch.Tensor] = {}
+    table, where = None, {}
     if sharded:
         group = sharded[0].device_mesh.get_group()
         world = dist.get_world_size(group)
-        chunks, layout = [], []
+        offset = 0
         for p in sharded:
-            rows = p.shape[0]
-            per_rank = math.ceil(rows / world)
-            row_numel = p.numel() // max(rows, 1)
-            local = p.to_local().detach().reshape(-1)
-            padded = local.new_zeros(per_rank * row_numel)
-            padded[: local.numel()] = local
-            chunks.append(padded.view(torch.uint8))
-            layout.append((p, per_rank * row_numel * p.element_size()))
-        send = torch.cat(chunks)
+            padded_rows = math.ceil(p.shape[0] / world)
+            where[id(p)] = (offset, padded_rows * (p.numel() // max(p.shape[0], 1)) * p.element_size())
+            offset += where[id(p)][1]
+        send = torch.zeros(offset, dtype=torch.uint8, device=sharded[0].to_local().device)
+        for p in sharded:  # this rank's rows of every parameter, packed as bytes (the zero tail is padding)
+            start = where[id(p)][0]
+            local = p.to_local().detach().reshape(-1).view(torch.uint8)
+            send[start : start + local.numel()].copy_(local)
         recv = send.new_empty(world * send.numel())
         dist.all_gather_into_tensor(recv, send, group=group)
-        del send, chunks
-        table = recv.view(world, -1)
-        offset = 0
-        for p, nbytes in layout:
-            rank_chunks = table[:, offset : offset + nbytes].contiguous().view(p.dtype)
-            full[id(p)] = rank_chunks.reshape(-1, *p.shape[1:])[: p.shape[0]]
-            offset += nbytes
-        del table, recv
-    for p in params:
-        if id(p) not in full:
-            full[id(p)] = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        del send
+        table = recv.view(world, -1)  # row r: rank r's padded chunks of every parameter, back to back
+        del recv
+
+    def full(p: torch.nn.Parameter) -> torch.Tensor:
+        # Built on request, one parameter at a time, so the bucket's memory is the receive buffer plus one tensor.
+        if id(p) in where:
+            start, nbytes = where[id(p)]
+            rank_chunks = table[:, start : start + nbytes].contiguous().view(p.dtype)
+            return rank_chunks.reshape(-1, *p.shape[1:])[: p.shape[0]]
+        return p.full_tensor() if isinstance(p, DTensor) else p.detach()
+
     try:
-        yield lambda p: full[id(p)]
+        yield full
     finally:
-        full.clear()
+        del table
 
 
 @contextmanager

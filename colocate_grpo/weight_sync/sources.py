@@ -121,9 +121,11 @@ def plan_buckets(model: torch.nn.Module, bucket_bytes: int | None) -> list[Bucke
 
         return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, cost, cap)]
     gather = gather_fsdp2 if backend == "fsdp2" else gather_zero3
+    # FSDP2's bucketed all-gather also holds this rank's packed send buffer (1/world of the bucket) during the call.
+    overhead = 1 + 1 / torch.distributed.get_world_size() if backend == "fsdp2" else 1
 
     def cost(group: list[SyncItem]) -> int:
-        return sum(_full_bytes(p) for p in _params_of(group))
+        return int(overhead * sum(_full_bytes(p) for p in _params_of(group)))
 
     return [(lambda g=g: gather(_params_of(g)), g) for g in _pack(items, cost, cap)]
 
