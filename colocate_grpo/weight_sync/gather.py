@@ -88,7 +88,7 @@ def gather_fsdp2(params: Sequence[torch.nn.Parameter]) -> Iterator[FullTensor]:
     try:
         yield full
     finally:
-        del table
+        table = None  # frees the receive buffer before the next bucket is gathered  # noqa: F841
 
 
 @contextmanager
