@@ -30,8 +30,24 @@ def make_parser() -> trl.TrlParser:
     return trl.TrlParser((ScriptArguments, ColocateGRPOConfig, ModelArguments))
 
 
+def check_lora_mode(training_args: ColocateGRPOConfig, model_args: ModelArguments) -> None:
+    """Cross-dataclass checks for adapter-only sync, at parse time (before any model loads)."""
+    if training_args.weight_sync_lora_mode != "adapter":
+        return
+    if not model_args.use_peft:
+        raise ValueError(
+            "weight_sync_lora_mode=adapter needs use_peft=true; or use weight_sync_lora_mode=merged."
+        )
+    if model_args.lora_modules_to_save or model_args.use_dora:
+        raise ValueError(
+            "weight_sync_lora_mode=adapter: vLLM serves neither lora_modules_to_save nor DoRA (use_dora); use "
+            "weight_sync_lora_mode=merged."
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
+    check_lora_mode(training_args, model_args)
     from .data import load_prompts
     from .rewards import build_reward_funcs
     from .trainer import ColocateGRPOTrainer

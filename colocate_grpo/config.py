@@ -93,6 +93,11 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             memory on large vocabularies). `auto` is plain on CPU, fused on GPU.
         plot_metrics (`bool`, *optional*, defaults to `True`):
             Write `metrics.png` (reward and step time) to `output_dir` at the end of training.
+        weight_sync_lora_mode (`Literal["merged", "adapter"]`, *optional*, defaults to `"merged"`):
+            How a PEFT LoRA policy reaches the engine: `merged` sends base weights with the adapters merged in
+            (every backend, any adapter); `adapter` sends the frozen base once and then only the LoRA factors into
+            vLLM's LoRA support (megabytes per step; no modules_to_save/DoRA/bias; on CPU vLLM disables
+            torch.compile when LoRA is enabled).
         weight_sync_bucket_mb (`float`, *optional*, defaults to `256`):
             Cap on the extra memory a sync uses: sharded parameters (FSDP, ZeRO-3) are gathered and handed to the
             engine in buckets of at most this many MiB (a single tensor, or an FSDP1 unit, larger than that is
@@ -129,6 +134,12 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     )
     plot_metrics: bool = field(
         default=True, metadata={"help": "Save metrics.png (reward, step time) at the end."}
+    )
+    weight_sync_lora_mode: Literal["merged", "adapter"] = field(
+        default="merged",
+        metadata={
+            "help": "LoRA sync: merge adapters into base weights, or send only the adapter (vLLM LoRA)."
+        },
     )
     weight_sync_bucket_mb: float = field(
         default=256,

@@ -57,15 +57,15 @@ def test_sharded_source_streams_full_weights_into_engine_within_bucket(tiny_mode
         assert r["mem_peak_small_mb"] < 0.35 * r["mem_peak_all_mb"], r
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [None, "merged", "adapter"], ids=["full", "lora-merged", "lora-adapter"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sharded_training_run_verifies_every_sync(tiny_model, tmp_path, backend, lora):
     out = tmp_path / "run"
     flags = ["--weight_sync_bucket_mb", "4"]
     if lora:
         flags += ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "5e-2"]
-        flags += ["--lora_target_modules", "q_proj", "v_proj", "up_proj"]
-    port = 29850 + 2 * BACKENDS.index(backend) + int(lora)
+        flags += ["--lora_target_modules", "q_proj", "v_proj", "up_proj", "--weight_sync_lora_mode", lora]
+    port = 29850 + 3 * BACKENDS.index(backend) + [None, "merged", "adapter"].index(lora)
     result = launch_tiny(tiny_model, out, port, *flags, config=f"accelerate_configs/{backend}_cpu.yaml")
     assert result.returncode == 0, result.stderr[-4000:]
     history = json.loads((out / "log_history.json").read_text())
@@ -76,3 +76,5 @@ def test_sharded_training_run_verifies_every_sync(tiny_model, tmp_path, backend,
     assert steps[-1]["epoch"] == pytest.approx(3 * 2 / 64)  # 2 real ranks
     saved = "adapter_model.safetensors" if lora else "model.safetensors"
     assert (out / saved).stat().st_size > 0
+    if lora == "adapter":  # the base goes once; afterwards a sync moves only the adapter
+        assert all(row["sync/bytes"] < 0.05 * steps[0]["sync/bytes"] for row in steps[1:])

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from ..weight_sync import SyncProbe, weight_source
-from ..weight_sync.sources import local_fraction
+from ..weight_sync.sources import adapter_source, local_fraction, unwrap
 from .colocated import ColocatedEngine, SamplingConfig
 
 MetricSink = Callable[[str, float], None]
@@ -34,6 +34,9 @@ class ColocatedGeneration:
             Verification run after every sync; `None` disables it.
         bucket_bytes (`int`, *optional*, defaults to 256 MiB):
             Most gathered bytes a sync holds at once (see `colocate_grpo.weight_sync.sources`).
+        lora_mode (`str`, *optional*, defaults to `"merged"`):
+            For PEFT LoRA policies: `"merged"` sends base weights with the adapters merged in; `"adapter"` sends the
+            frozen base once, then only the adapter factors (the engine must be built with LoRA support).
     """
 
     def __init__(
@@ -43,7 +46,10 @@ class ColocatedGeneration:
         sampling: SamplingConfig,
         probe: SyncProbe | None = None,
         bucket_bytes: int | None = 256 << 20,
+        lora_mode: str = "merged",
     ):
+        self.lora_mode = lora_mode
+        self._base_sent = False
         self.model_fn: Callable[[], torch.nn.Module] = lambda: model
         self.bucket_bytes = bucket_bytes
         self.engine = engine
@@ -75,7 +81,10 @@ class ColocatedGeneration:
         """
         model = self.model_fn()
         start = time.perf_counter()
-        count, nbytes = self.engine.load_weights(weight_source(model, self.bucket_bytes))
+        if self.lora_mode == "adapter":
+            count, nbytes = self._sync_adapter(model)
+        else:
+            count, nbytes = self.engine.load_weights(weight_source(model, self.bucket_bytes))
         seconds = time.perf_counter() - start
         self.sync_count += 1
         self.log_metric("sync/seconds", seconds)
@@ -86,6 +95,20 @@ class ColocatedGeneration:
         if self.probe is not None:
             diff = self.probe.check(model, self.engine, self.step_fn())
             self.log_metric("sync/probe_max_logprob_diff", diff)
+
+    def _sync_adapter(self, model: torch.nn.Module) -> tuple[int, int]:
+        """Adapter-only sync: the frozen base weights once (first sync), then the LoRA factors every time."""
+        count = nbytes = 0
+        if not self._base_sent:
+            count, nbytes = self.engine.load_weights(
+                weight_source(model, self.bucket_bytes, merge_lora=False)
+            )
+            self._base_sent = True
+        # Copied out of the gather buffers (freed bucket by bucket); adapters are megabytes.
+        tensors = {name: t.clone() for name, t in adapter_source(model, self.bucket_bytes)}
+        peft_model = unwrap(model)
+        config = peft_model.peft_config[peft_model.active_adapter].to_dict()
+        return count + len(tensors), nbytes + self.engine.load_adapter(tensors, config)
 
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None) -> tuple:
         """Generate one completion per prompt id list (TRL has already repeated each prompt `num_generations` times).
@@ -116,6 +139,7 @@ def build_generation(
 
     configure_cpu_runtime(args.local_world_size, args.vllm_cpu_kvcache_space_gb)
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    lora = engine_lora_settings(model) if args.weight_sync_lora_mode == "adapter" else None
     engine = ColocatedEngine(
         model.name_or_path,
         tensor_parallel_size=args.vllm_tensor_parallel_size,
@@ -126,6 +150,7 @@ def build_generation(
         enable_sleep_mode=args.vllm_enable_sleep_mode,
         enforce_eager=args.vllm_enforce_eager,
         seed=args.seed,
+        lora=lora,
     )
     sampling = SamplingConfig(
         max_tokens=args.max_completion_length,
@@ -142,4 +167,40 @@ def build_generation(
         tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
         probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
     bucket_bytes = int(args.weight_sync_bucket_mb * (1 << 20))
-    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes)
+    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes, args.weight_sync_lora_mode)
+
+
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_settings(model: torch.nn.Module) -> dict:
+    """vLLM LoRA settings for serving `model`'s active adapter (adapter-only sync); raises before the engine is built
+    if the adapter cannot be served."""
+    peft_model = unwrap(model)
+    if not hasattr(peft_model, "peft_config"):
+        raise ValueError(
+            "weight_sync_lora_mode=adapter needs a PEFT LoRA policy: set use_peft=true (or pass peft_config), or "
+            "use weight_sync_lora_mode=merged."
+        )
+    config = peft_model.peft_config[peft_model.active_adapter]
+    if getattr(config, "modules_to_save", None):
+        raise ValueError(
+            f"weight_sync_lora_mode=adapter: vLLM cannot serve modules_to_save={config.modules_to_save}; use "
+            "weight_sync_lora_mode=merged, or drop lora_modules_to_save."
+        )
+    if getattr(config, "use_dora", False) or getattr(config, "bias", "none") != "none":
+        raise ValueError(
+            "weight_sync_lora_mode=adapter: vLLM serves neither DoRA nor LoRA biases; use merged mode."
+        )
+    rank = max(config.r, *(config.rank_pattern or {}).values()) if config.rank_pattern else config.r
+    max_rank = next((r for r in _VLLM_LORA_RANKS if r >= rank), None)
+    if max_rank is None:
+        raise ValueError(
+            f"weight_sync_lora_mode=adapter: lora_r={rank} exceeds vLLM's largest LoRA rank 512."
+        )
+    targets = config.target_modules
+    if isinstance(targets, str):
+        raise ValueError(
+            "weight_sync_lora_mode=adapter needs lora_target_modules as a list of module names (not a regex/'all-linear')."
+        )
+    return {"max_rank": max_rank, "target_modules": sorted(targets)}

@@ -162,6 +162,8 @@ class ColocatedEngine:
             Skip CUDA graphs / torch.compile.
         seed (`int`, *optional*, defaults to `0`):
             Base seed; the replica index is added (see below).
+        lora (`dict`, *optional*):
+            Serve a LoRA adapter pushed in memory (`load_adapter`): `{"max_rank": int, "target_modules": [...]}`.
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class ColocatedEngine:
         enable_sleep_mode: bool = False,
         enforce_eager: bool = False,
         seed: int = 0,
+        lora: dict | None = None,
     ):
         from vllm import LLM
 
@@ -215,10 +218,26 @@ class ColocatedEngine:
             enforce_eager=enforce_eager,
             # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
             logprobs_mode="processed_logprobs",
+            **self._lora_engine_args(lora),
         )
+        self.lora_request = None  # set by the first `load_adapter`
         self._weights_asleep = self._kv_asleep = False
         if enable_sleep_mode:
             self.sleep()
+
+    @staticmethod
+    def _lora_engine_args(lora: dict | None) -> dict:
+        if lora is None:
+            return {}
+        return {
+            "enable_lora": True,
+            "max_lora_rank": lora["max_rank"],
+            # Two slots although one adapter is served: vLLM-CPU's LoRA ops index "no adapter" as slot -1, i.e.
+            # the last slot, which must stay empty (zeros) for base requests batched with LoRA ones.
+            "max_loras": 2,
+            # Only the projection layers: vLLM-CPU's lm_head LoRA wrapper breaks batched prompt logprobs.
+            "lora_target_modules": list(lora["target_modules"]),
+        }
 
     @property
     def model(self) -> torch.nn.Module:
@@ -249,7 +268,12 @@ class ColocatedEngine:
             **(sampling.extra or {}),
         )
         self.wake_up(["kv_cache"])
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in all_prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request,
+        )
         if self.enable_sleep_mode:
             self.sleep()
         prompts = [list(o.prompt_token_ids) for o in outputs]
@@ -269,7 +293,9 @@ class ColocatedEngine:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, top_p=1.0, top_k=-1)
         self.wake_up(["kv_cache"])
-        out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
+        out = self.llm.generate(
+            [{"prompt_token_ids": token_ids}], params, use_tqdm=False, lora_request=self.lora_request
+        )[0]
         values = [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], token_ids[1:])]
         return torch.tensor(values, dtype=torch.float64)
 
@@ -293,6 +319,57 @@ class ColocatedEngine:
             _repack_cpu_layers(model)
         self.llm.reset_prefix_cache()
         return count, nbytes
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> int:
+        """Serve (or replace) the LoRA adapter from in-memory tensors: no disk round trip.
+
+        Args:
+            tensors (`dict[str, torch.Tensor]`): full LoRA factors in PEFT state-dict naming
+                (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), shapes `[r, in]` / `[out, r]`.
+            peft_config (`dict`): the adapter's `LoraConfig.to_dict()` (r, lora_alpha, target_modules, ...).
+
+        Returns:
+            `int`: bytes loaded. Every later `generate` / `prompt_logprobs` runs with this adapter.
+        """
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+        from vllm.lora.request import LoRARequest
+
+        worker_manager = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
+        manager = worker_manager._adapter_manager
+        config = dict(peft_config)
+        if isinstance(config.get("target_modules"), set):
+            config["target_modules"] = sorted(config["target_modules"])
+        config["vllm_max_position_embeddings"] = worker_manager.max_position_embeddings
+        helper = PEFTHelper.from_dict(config)
+        helper.validate_legal(worker_manager.lora_config)
+        mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
+        # Copies, not references: vLLM scales lora_B in place (`lora_b *= alpha / r`) when it optimises an adapter,
+        # which would silently rescale the trainer's own parameters.
+        owned = {k: v.detach().to("cpu" if self.on_cpu else "cuda").clone() for k, v in tensors.items()}
+        adapter = LoRAModel.from_lora_tensors(
+            lora_model_id=self._LORA_ID,
+            tensors=owned,
+            peft_helper=helper,
+            device="cpu" if self.on_cpu else "cuda",
+            dtype=worker_manager.lora_config.lora_dtype,
+            model_vocab_size=worker_manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+            skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
+        )
+        manager._validate_modules_to_save(adapter)
+        manager.remove_adapter(self._LORA_ID)  # frees the slot and unregisters the previous version
+        manager.add_adapter(adapter)
+        manager.activate_adapter(self._LORA_ID)  # copies the factors into the layers' slot buffers
+        # The request's path is never read: the worker finds the id registered and active.
+        self.lora_request = LoRARequest("policy", self._LORA_ID, "in-memory://policy")
+        # Prefix-cache keys name the adapter, not its weights: drop entries computed with the previous version.
+        self.llm.reset_prefix_cache()
+        return sum(t.numel() * t.element_size() for t in owned.values())
+
+    _LORA_ID = (
+        1  # one adapter id, ever: another id could evict it, and its reload would look for the fake path
+    )
 
     def sleep(self) -> None:
         """Level-1 sleep: weights are offloaded to host memory (kept, so they are never reloaded from disk after a

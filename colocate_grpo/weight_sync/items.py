@@ -75,15 +75,17 @@ def _lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return layers
 
 
-def sync_items(module: torch.nn.Module) -> list[SyncItem]:
+def sync_items(module: torch.nn.Module, merge_lora: bool = True) -> list[SyncItem]:
     """Every tensor the engine needs, in `named_parameters()` order (identical on every rank).
 
     Tied parameters appear once, under their first name (the one vLLM loads for tied embeddings).
 
     Args:
         module (`torch.nn.Module`): the unwrapped policy (FSDP1 root wrappers are fine: names are normalised).
+        merge_lora (`bool`, *optional*, defaults to `True`): merge LoRA adapters into their base weights; `False`
+            sends the frozen base weights alone (adapter-only sync sends the factors separately).
     """
-    layers = _lora_layers(module)
+    layers = _lora_layers(module) if merge_lora else {}
     items = []
     for name, param in module.named_parameters():
         if is_adapter_only(name):
@@ -96,4 +98,23 @@ def sync_items(module: torch.nn.Module) -> list[SyncItem]:
                 if adapter in lora.lora_A:
                     params += (lora.lora_A[adapter].weight, lora.lora_B[adapter].weight)
         items.append(SyncItem(to_engine_name(name), params, lora))
+    return items
+
+
+_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def adapter_items(module: torch.nn.Module) -> list[SyncItem]:
+    """The active adapter's LoRA factors under PEFT state-dict names (what `get_peft_model_state_dict` returns and
+    vLLM's LoRA loader expects): `base_model.model.<layer>.lora_A.weight`, shape `[r, in]`; `lora_B`: `[out, r]`."""
+    items = []
+    for path, layer in _lora_layers(module).items():
+        for adapter in layer.active_adapters:
+            if adapter not in layer.lora_A:
+                continue
+            for kind in ("lora_A", "lora_B"):
+                name = f"{path}.{kind}.weight"
+                for part in _WRAPPERS:
+                    name = name.replace(part, "")
+                items.append(SyncItem(name.removeprefix("module."), (getattr(layer, kind)[adapter].weight,)))
     return items

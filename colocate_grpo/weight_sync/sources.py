@@ -29,7 +29,7 @@ from .gather import (
     gather_zero3,
     init_fsdp1_root,
 )
-from .items import FullTensor, SyncItem, sync_items
+from .items import FullTensor, SyncItem, adapter_items, sync_items
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
 Backend = Literal["plain", "fsdp1", "fsdp2", "zero3"]
@@ -94,17 +94,20 @@ def _params_of(items: Sequence[SyncItem]) -> list[torch.nn.Parameter]:
     return params
 
 
-def plan_buckets(model: torch.nn.Module, bucket_bytes: int | None) -> list[Bucket]:
+def plan_buckets(
+    model: torch.nn.Module, bucket_bytes: int | None, items: list[SyncItem] | None = None
+) -> list[Bucket]:
     """The gather plan of one sync: `(gather_context_factory, items)` per bucket.
 
     Args:
         model (`torch.nn.Module`): the policy as the trainer holds it (DDP / FSDP / DeepSpeed wrapped or not).
         bucket_bytes (`int`, *optional*): cap on gathered bytes per bucket; `None` gathers one item at a time
             (the per-parameter baseline TRL uses).
+        items (`list[SyncItem]`, *optional*): what to send; defaults to `sync_items(model)` (LoRA merged).
     """
     module = unwrap(model)
     backend = detect_backend(model)
-    items = sync_items(module)
+    items = sync_items(module) if items is None else items
     cap = bucket_bytes if bucket_bytes is not None else 0
     if backend == "plain":
         return [(lambda: gather_nothing(()), items)]
@@ -130,7 +133,9 @@ def plan_buckets(model: torch.nn.Module, bucket_bytes: int | None) -> list[Bucke
     return [(lambda g=g: gather(_params_of(g)), g) for g in _pack(items, cost, cap)]
 
 
-def weight_source(model: torch.nn.Module, bucket_bytes: int | None = 256 << 20) -> WeightStream:
+def weight_source(
+    model: torch.nn.Module, bucket_bytes: int | None = 256 << 20, merge_lora: bool = True
+) -> WeightStream:
     """Stream the policy's full weights in the engine's naming, gathered bucket by bucket.
 
     Args:
@@ -139,11 +144,24 @@ def weight_source(model: torch.nn.Module, bucket_bytes: int | None = 256 << 20) 
             with or without PEFT LoRA adapters (merged into the base weights on the fly).
         bucket_bytes (`int`, *optional*, defaults to 256 MiB):
             Most gathered bytes held at once; `None` for one item per gather.
+        merge_lora (`bool`, *optional*, defaults to `True`):
+            Merge LoRA adapters into the base weights; `False` streams the frozen base weights alone.
 
     Yields:
         `tuple[str, torch.Tensor]`: checkpoint name and full tensor (any shape), valid until the next item.
     """
-    for gather, items in plan_buckets(model, bucket_bytes):
+    items = sync_items(unwrap(model), merge_lora=merge_lora)
+    return _stream(plan_buckets(model, bucket_bytes, items))
+
+
+def adapter_source(model: torch.nn.Module, bucket_bytes: int | None = 256 << 20) -> WeightStream:
+    """Stream only the active LoRA adapter's factors (PEFT state-dict names), gathered like `weight_source`: the
+    adapter-only sync moves these megabytes instead of the model."""
+    return _stream(plan_buckets(model, bucket_bytes, adapter_items(unwrap(model))))
+
+
+def _stream(buckets: list[Bucket]) -> WeightStream:
+    for gather, items in buckets:
         with gather() as full:
             for item in items:
                 yield item.name, item.build(full)
