@@ -95,7 +95,9 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
     }
     if variant.startswith("colocate_grpo"):
         gen = trainer.vllm_generation
-        result["missed_sync_probe_diff"] = gen.probe.measure(gen.model, gen.engine) if gen.probe else None
+        result["missed_sync_probe_diff"] = (
+            gen.probe.measure(gen.model_fn(), gen.engine) if gen.probe else None
+        )
         result["probe_tolerance"] = gen.probe.tolerance if gen.probe else None
     if trainer.accelerator.is_main_process:
         (out / f"{variant}.json").write_text(json.dumps(result))

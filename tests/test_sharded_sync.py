@@ -78,3 +78,7 @@ def test_sharded_training_run_verifies_every_sync(tiny_model, tmp_path, backend,
     assert (out / saved).stat().st_size > 0
     if lora == "adapter":  # the base goes once; afterwards a sync moves only the adapter
         assert all(row["sync/bytes"] < 0.05 * steps[0]["sync/bytes"] for row in steps[1:])
+    if (
+        lora == "merged"
+    ):  # frozen tensors go once; afterwards only the LoRA-merged layers (and the probe agrees)
+        assert all(row["sync/bytes"] < 0.5 * steps[0]["sync/bytes"] for row in steps[1:])

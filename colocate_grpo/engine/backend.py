@@ -49,7 +49,7 @@ class ColocatedGeneration:
         lora_mode: str = "merged",
     ):
         self.lora_mode = lora_mode
-        self._base_sent = False
+        self._base_sent = False  # frozen tensors reach the engine once, with the first sync
         self.model_fn: Callable[[], torch.nn.Module] = lambda: model
         self.bucket_bytes = bucket_bytes
         self.engine = engine
@@ -84,7 +84,9 @@ class ColocatedGeneration:
         if self.lora_mode == "adapter":
             count, nbytes = self._sync_adapter(model)
         else:
-            count, nbytes = self.engine.load_weights(weight_source(model, self.bucket_bytes))
+            stream = weight_source(model, self.bucket_bytes, trainable_only=self._base_sent)
+            count, nbytes = self.engine.load_weights(stream)
+            self._base_sent = True
         seconds = time.perf_counter() - start
         self.sync_count += 1
         self.log_metric("sync/seconds", seconds)

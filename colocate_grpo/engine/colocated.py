@@ -61,19 +61,29 @@ def _keep_cpu_linear_weights() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
 
 
-def _repack_cpu_layers(model: torch.nn.Module) -> int:
-    """Rebuild every CPU-packed linear/lm_head kernel from the layer's current weight; returns layers repacked."""
+def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -> int:
+    """Rebuild the CPU-packed linear/lm_head kernels from the layers' current weights; returns layers repacked.
+
+    Args:
+        model (`torch.nn.Module`): the engine's model.
+        loaded (`set[str]`, *optional*): engine parameter names just loaded; only layers whose weight is one of them
+            are repacked (a tied lm_head shares the embedding's parameter, so loading the embedding repacks it too).
+            `None` (or names that match nothing) repacks every layer.
+    """
     from vllm.model_executor.layers import utils as layer_utils
 
     dispatch = getattr(layer_utils.dispatch_cpu_unquantized_gemm, "original", None)
     if dispatch is None:
         raise RuntimeError("vLLM-CPU weights were packed without colocate_grpo's keep-weight hook.")
+    params = dict(model.named_parameters())
+    changed = {id(params[name]) for name in loaded or () if name in params} or None
     count = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
-            dispatch(module, remove_weight=False)
-            count += 1
+            if changed is None or id(weight) in changed:
+                dispatch(module, remove_weight=False)
+                count += 1
     return count
 
 
@@ -311,12 +321,13 @@ class ColocatedEngine:
         self.wake_up(["weights"])
         model = self.model
         count = nbytes = 0
+        loaded: set[str] = set()
         for name, tensor in weights:
-            model.load_weights([(name, tensor)])
+            loaded |= model.load_weights([(name, tensor)]) or set()
             count += 1
             nbytes += tensor.numel() * tensor.element_size()
-        if self.on_cpu:
-            _repack_cpu_layers(model)
+        if self.on_cpu and count:
+            _repack_cpu_layers(model, loaded)
         self.llm.reset_prefix_cache()
         return count, nbytes
 

@@ -34,6 +34,11 @@ class SyncItem:
     params: tuple[torch.nn.Parameter, ...]
     lora: torch.nn.Module | None = None
 
+    @property
+    def trainable(self) -> bool:
+        """Whether the optimizer can change this tensor (frozen tensors need to reach the engine only once)."""
+        return any(p.requires_grad for p in self.params)
+
     @torch.no_grad()
     def build(self, full: FullTensor) -> torch.Tensor:
         """The tensor to send, from the gathered parameters; same shape as the checkpoint tensor."""

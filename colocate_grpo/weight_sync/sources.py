@@ -134,7 +134,10 @@ def plan_buckets(
 
 
 def weight_source(
-    model: torch.nn.Module, bucket_bytes: int | None = 256 << 20, merge_lora: bool = True
+    model: torch.nn.Module,
+    bucket_bytes: int | None = 256 << 20,
+    merge_lora: bool = True,
+    trainable_only: bool = False,
 ) -> WeightStream:
     """Stream the policy's full weights in the engine's naming, gathered bucket by bucket.
 
@@ -146,11 +149,16 @@ def weight_source(
             Most gathered bytes held at once; `None` for one item per gather.
         merge_lora (`bool`, *optional*, defaults to `True`):
             Merge LoRA adapters into the base weights; `False` streams the frozen base weights alone.
+        trainable_only (`bool`, *optional*, defaults to `False`):
+            Skip tensors the optimizer cannot change (frozen parameters, e.g. everything but the LoRA-targeted
+            layers): for every sync after the first, which sent them once.
 
     Yields:
         `tuple[str, torch.Tensor]`: checkpoint name and full tensor (any shape), valid until the next item.
     """
     items = sync_items(unwrap(model), merge_lora=merge_lora)
+    if trainable_only:
+        items = [item for item in items if item.trainable]
     return _stream(plan_buckets(model, bucket_bytes, items))
 
 
