@@ -13,8 +13,8 @@ from contextlib import nullcontext
 
 import torch
 
-from ..weight_sync import SyncProbe, weight_source
-from ..weight_sync.sources import adapter_source, local_fraction, unwrap
+from ..weight_sync import SyncProbe
+from ..weight_sync.sources import adapter_source, local_fraction, unwrap, weight_buckets
 from .colocated import ColocatedEngine, SamplingConfig
 
 MetricSink = Callable[[str, float], None]
@@ -84,8 +84,8 @@ class ColocatedGeneration:
         if self.lora_mode == "adapter":
             count, nbytes = self._sync_adapter(model)
         else:
-            stream = weight_source(model, self.bucket_bytes, trainable_only=self._base_sent)
-            count, nbytes = self.engine.load_weights(stream)
+            buckets = weight_buckets(model, self.bucket_bytes, trainable_only=self._base_sent)
+            count, nbytes = self.engine.load_buckets(buckets)
             self._base_sent = True
         seconds = time.perf_counter() - start
         self.sync_count += 1
@@ -102,8 +102,8 @@ class ColocatedGeneration:
         """Adapter-only sync: the frozen base weights once (first sync), then the LoRA factors every time."""
         count = nbytes = 0
         if not self._base_sent:
-            count, nbytes = self.engine.load_weights(
-                weight_source(model, self.bucket_bytes, merge_lora=False)
+            count, nbytes = self.engine.load_buckets(
+                weight_buckets(model, self.bucket_bytes, merge_lora=False)
             )
             self._base_sent = True
         # Copied out of the gather buffers (freed bucket by bucket); adapters are megabytes.

@@ -68,15 +68,19 @@ def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -
         model (`torch.nn.Module`): the engine's model.
         loaded (`set[str]`, *optional*): engine parameter names just loaded; only layers whose weight is one of them
             are repacked (a tied lm_head shares the embedding's parameter, so loading the embedding repacks it too).
-            `None` (or names that match nothing) repacks every layer.
+            `None`, or any name that cannot be matched to a parameter, repacks every layer.
     """
     from vllm.model_executor.layers import utils as layer_utils
 
     dispatch = getattr(layer_utils.dispatch_cpu_unquantized_gemm, "original", None)
     if dispatch is None:
         raise RuntimeError("vLLM-CPU weights were packed without colocate_grpo's keep-weight hook.")
-    params = dict(model.named_parameters())
-    changed = {id(params[name]) for name in loaded or () if name in params} or None
+    changed = None
+    if loaded:
+        # vLLM reports checkpoint-level names; a layer wrapped for LoRA holds its weight under `.base_layer`.
+        by_name = {name.replace(".base_layer", ""): param for name, param in model.named_parameters()}
+        if all(name in by_name for name in loaded):
+            changed = {id(by_name[name]) for name in loaded}
     count = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -310,10 +314,16 @@ class ColocatedEngine:
         return torch.tensor(values, dtype=torch.float64)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
-        """Load full (unsharded) tensors in HF naming; vLLM's loaders stack and shard them for this TP rank.
+        """Load full tensors one at a time (each needs to stay valid only until the next); see `load_buckets`."""
+        return self.load_buckets([item] for item in weights)
+
+    def load_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> tuple[int, int]:
+        """Load full (unsharded) tensors in HF naming, one vLLM `load_weights` call per bucket; vLLM's loaders stack
+        and shard them for this TP rank. A bucket's tensors need to stay valid only until the next bucket.
 
         Every rank of a TP group must call this with the same tensors. Afterwards the prefix cache is reset (its
-        KV entries were computed with the old weights) and, on CPU, the packed kernels are rebuilt.
+        KV entries were computed with the old weights) and, on CPU, the packed kernels of the loaded layers are
+        rebuilt.
 
         Returns:
             `tuple[int, int]`: number of tensors and bytes loaded.
@@ -322,10 +332,10 @@ class ColocatedEngine:
         model = self.model
         count = nbytes = 0
         loaded: set[str] = set()
-        for name, tensor in weights:
-            loaded |= model.load_weights([(name, tensor)]) or set()
-            count += 1
-            nbytes += tensor.numel() * tensor.element_size()
+        for bucket in buckets:
+            loaded |= model.load_weights(bucket) or set()
+            count += len(bucket)
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
         if self.on_cpu and count:
             _repack_cpu_layers(model, loaded)
         self.llm.reset_prefix_cache()

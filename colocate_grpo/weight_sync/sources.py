@@ -30,6 +30,7 @@ from .gather import (
     init_fsdp1_root,
 )
 from .items import FullTensor, SyncItem, adapter_items, sync_items
+from .shm import agree_on_shm, gather_fsdp2_shm, gather_zero3_shm, host_buffer, sharding_group, shared_bytes
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
 Backend = Literal["plain", "fsdp1", "fsdp2", "zero3"]
@@ -95,7 +96,10 @@ def _params_of(items: Sequence[SyncItem]) -> list[torch.nn.Parameter]:
 
 
 def plan_buckets(
-    model: torch.nn.Module, bucket_bytes: int | None, items: list[SyncItem] | None = None
+    model: torch.nn.Module,
+    bucket_bytes: int | None,
+    items: list[SyncItem] | None = None,
+    shm: bool = True,
 ) -> list[Bucket]:
     """The gather plan of one sync: `(gather_context_factory, items)` per bucket.
 
@@ -104,6 +108,8 @@ def plan_buckets(
         bucket_bytes (`int`, *optional*): cap on gathered bytes per bucket; `None` gathers one item at a time
             (the per-parameter baseline TRL uses).
         items (`list[SyncItem]`, *optional*): what to send; defaults to `sync_items(model)` (LoRA merged).
+        shm (`bool`, *optional*, defaults to `True`): on one CPU host, gather FSDP2 / ZeRO-3 buckets through shared
+            memory (`shm.py`) instead of gloo collectives, when all ranks agree `/dev/shm` has room.
     """
     module = unwrap(model)
     backend = detect_backend(model)
@@ -123,14 +129,25 @@ def plan_buckets(
             return sum(fsdp1_unit_bytes(u) for u in units_of(group))
 
         return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, cost, cap)]
-    gather = gather_fsdp2 if backend == "fsdp2" else gather_zero3
-    # FSDP2's bucketed all-gather also holds this rank's packed send buffer (1/world of the bucket) during the call.
-    overhead = 1 + 1 / torch.distributed.get_world_size() if backend == "fsdp2" else 1
 
-    def cost(group: list[SyncItem]) -> int:
-        return int(overhead * sum(_full_bytes(p) for p in _params_of(group)))
+    def full_bytes(group: list[SyncItem]) -> int:
+        return sum(_full_bytes(p) for p in _params_of(group))
 
-    return [(lambda g=g: gather(_params_of(g)), g) for g in _pack(items, cost, cap)]
+    def buffer_bytes(group: list[SyncItem]) -> int:
+        return shared_bytes(_params_of(group))
+
+    bound = max([cap] + [buffer_bytes([item]) for item in items])  # no bucket is larger than this
+    if shm and bucket_bytes is not None and items and agree_on_shm(bound):
+        buckets = _pack(items, buffer_bytes, cap)
+        gather = gather_fsdp2_shm if backend == "fsdp2" else gather_zero3_shm
+        # Sized once, up front, for the largest bucket: the buffer never grows mid-sync.
+        host_buffer(max(map(buffer_bytes, buckets)), sharding_group(_params_of(items)))
+    else:
+        gather = gather_fsdp2 if backend == "fsdp2" else gather_zero3
+        # FSDP2's all-gather also holds this rank's packed send buffer (1/world of the bucket) during the call.
+        overhead = 1 + 1 / torch.distributed.get_world_size() if backend == "fsdp2" else 1
+        buckets = _pack(items, lambda group: int(overhead * full_bytes(group)), cap)
+    return [(lambda g=g: gather(_params_of(g)), g) for g in buckets]
 
 
 def weight_source(
@@ -138,6 +155,7 @@ def weight_source(
     bucket_bytes: int | None = 256 << 20,
     merge_lora: bool = True,
     trainable_only: bool = False,
+    shm: bool = True,
 ) -> WeightStream:
     """Stream the policy's full weights in the engine's naming, gathered bucket by bucket.
 
@@ -152,6 +170,8 @@ def weight_source(
         trainable_only (`bool`, *optional*, defaults to `False`):
             Skip tensors the optimizer cannot change (frozen parameters, e.g. everything but the LoRA-targeted
             layers): for every sync after the first, which sent them once.
+        shm (`bool`, *optional*, defaults to `True`):
+            Allow the host-shared-memory gather on one CPU machine (see `plan_buckets`).
 
     Yields:
         `tuple[str, torch.Tensor]`: checkpoint name and full tensor (any shape), valid until the next item.
@@ -159,13 +179,33 @@ def weight_source(
     items = sync_items(unwrap(model), merge_lora=merge_lora)
     if trainable_only:
         items = [item for item in items if item.trainable]
-    return _stream(plan_buckets(model, bucket_bytes, items))
+    return _stream(plan_buckets(model, bucket_bytes, items, shm))
 
 
-def adapter_source(model: torch.nn.Module, bucket_bytes: int | None = 256 << 20) -> WeightStream:
+def adapter_source(
+    model: torch.nn.Module, bucket_bytes: int | None = 256 << 20, shm: bool = True
+) -> WeightStream:
     """Stream only the active LoRA adapter's factors (PEFT state-dict names), gathered like `weight_source`: the
     adapter-only sync moves these megabytes instead of the model."""
-    return _stream(plan_buckets(model, bucket_bytes, adapter_items(unwrap(model))))
+    return _stream(plan_buckets(model, bucket_bytes, adapter_items(unwrap(model)), shm))
+
+
+def weight_buckets(
+    model: torch.nn.Module,
+    bucket_bytes: int | None = 256 << 20,
+    merge_lora: bool = True,
+    trainable_only: bool = False,
+    shm: bool = True,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`weight_source`, one bucket at a time: each list of `(name, full_tensor)` is valid until the next one is
+    requested, so a sink can load a whole bucket in one call (vLLM's `load_weights` costs ~1 ms per call on CPU)."""
+    items = sync_items(unwrap(model), merge_lora=merge_lora)
+    if trainable_only:
+        items = [item for item in items if item.trainable]
+    for gather, group in plan_buckets(model, bucket_bytes, items, shm):
+        with gather() as full:
+            yield [(item.name, item.build(full)) for item in group]
+        del full
 
 
 def _stream(buckets: list[Bucket]) -> WeightStream:
@@ -173,6 +213,7 @@ def _stream(buckets: list[Bucket]) -> WeightStream:
         with gather() as full:
             for item in items:
                 yield item.name, item.build(full)
+        del full  # the bucket's memory must be free before the next bucket is gathered
 
 
 def plain_source(model: torch.nn.Module) -> WeightStream:

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from colocate_grpo.bench_sync import shard_model  # noqa: E402
 from colocate_grpo.weight_sync import SyncProbe, weight_source  # noqa: E402
 from colocate_grpo.weight_sync.sources import detect_backend, local_fraction  # noqa: E402
 
@@ -47,39 +48,6 @@ def expected_weights(model) -> dict[str, torch.Tensor]:
     if hasattr(ref, "merge_and_unload"):
         ref = ref.merge_and_unload()
     return {k: v.detach().clone() for k, v in ref.named_parameters()}
-
-
-def shard(model, backend: str):
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    if backend == "fsdp1":
-        import functools
-
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
-        return FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
-    if backend == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for module in model.modules():
-            if isinstance(module, LlamaDecoderLayer):
-                fully_shard(module)
-        fully_shard(model)
-        return model
-    if backend == "zero3":
-        import deepspeed
-
-        config = {
-            "train_micro_batch_size_per_gpu": 1,
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-            "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
-            "zero_allow_untested_optimizer": True,
-        }
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-        return engine
-    raise ValueError(backend)
 
 
 def engine_matches(engine, expected: dict[str, torch.Tensor]) -> list[str]:
@@ -111,6 +79,9 @@ def rss_peak_mb_during(fn) -> tuple[float, float]:
                 return int(line.split()[1]) / 1024
         raise RuntimeError(key)
 
+    from colocate_grpo.weight_sync.shm import release_host_buffers
+
+    release_host_buffers()  # measure a sync that must build its shared buffer (as the first one does)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     start = status("VmRSS:")
@@ -136,7 +107,7 @@ def memory_phase(backend: str, lora: bool, report: dict) -> None:
         model = add_lora(model)
     drain_copying.sink = {k: v.clone() for k, v in expected_weights(model).items()}
     full_mb = sum(v.numel() * v.element_size() for v in drain_copying.sink.values()) / 2**20
-    model = shard(model, backend)
+    model = shard_model(model, backend)
     drain_copying(model, 1 << 20)  # warm-up: first-use allocations of the collectives
     small = 20 << 20
     report["mem_full_mb"] = full_mb
@@ -165,7 +136,7 @@ def main(model_dir: str, backend: str, lora: bool, report_dir: str) -> None:
     if lora:
         model = add_lora(model)
     expected = expected_weights(model)
-    model = shard(model, backend)
+    model = shard_model(model, backend)
     report = {"rank": rank, "backend": detect_backend(model), "local_fraction": local_fraction(model)}
 
     streamed = {name: t.clone() for name, t in weight_source(model, 64 << 10)}  # small buckets: many gathers
