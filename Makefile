@@ -34,6 +34,7 @@ test: install
 
 bench: assets
 	$(PY) -m colocate_grpo.bench --recipe $(RECIPE)
+	$(PY) -m colocate_grpo.bench_sync --model $(ASSETS)/smollm2-135m
 
 style: install
 	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests

@@ -108,7 +108,12 @@ def _summarise(result: dict, completions_per_step: int) -> dict:
     times = result["step_seconds"][1:] or result["step_seconds"]
     tokens = [r["completions/mean_length"] * completions_per_step for r in rows[1:] or rows]
     step = statistics.median(times)
-    return {"s_per_step": step, "rollout_tok_per_s": statistics.mean(tokens) / step}
+    summary = {"s_per_step": step, "rollout_tok_per_s": statistics.mean(tokens) / step}
+    syncs = [r["sync/seconds"] for r in rows[1:] or rows if "sync/seconds" in r]
+    if syncs:  # our variants: the weight sync's share of the step (goal <= 5% on the CPU recipe)
+        summary["sync_s"] = statistics.median(syncs)
+        summary["sync_share"] = summary["sync_s"] / step
+    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,6 +183,10 @@ def _report(summary: dict) -> None:
                 ratio = summary[base]["s_per_step"] / ours["s_per_step"]
                 tok = ours["rollout_tok_per_s"] / summary[base]["rollout_tok_per_s"]
                 print(f"{mine} vs {base}: {ratio:.2f}x s/step, {tok:.2f}x rollout tok/s (goal >= {goal}x)")
+        if ours and "sync_share" in ours:
+            print(
+                f"{mine} weight sync: {ours['sync_s']:.3f} s = {100 * ours['sync_share']:.1f}% of the step (goal <= 5%)"
+            )
         if ours and ours.get("missed_sync_probe_diff") is not None:
             print(
                 f"{mine} probe: a missed sync shows {ours['missed_sync_probe_diff']:.3g} "

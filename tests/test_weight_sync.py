@@ -30,7 +30,7 @@ def test_plain_source_yields_checkpoint_names_once_for_tied(tiny_model):
     assert "lm_head.weight" not in names
 
 
-def test_peft_source_yields_merged_base_weights_and_unmerges(tiny_model):
+def test_peft_source_yields_merged_base_weights_without_touching_the_model(tiny_model):
     from peft import LoraConfig, get_peft_model
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -50,6 +50,41 @@ def test_peft_source_yields_merged_base_weights_and_unmerges(tiny_model):
     for name, tensor in streamed.items():
         expected = reference[name] + delta.get(name, 0)
         torch.testing.assert_close(tensor, expected, atol=1e-6, rtol=1e-5)
-    # Unmerged afterwards: the base layers hold the original weights again.
+    # Merged out of place: the base layers still hold the original weights, bit for bit.
     q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
-    torch.testing.assert_close(q, reference["model.layers.0.self_attn.q_proj.weight"], atol=1e-6, rtol=1e-5)
+    assert torch.equal(q, reference["model.layers.0.self_attn.q_proj.weight"])
+
+
+def _lora_model(tiny_model):
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"]))
+
+
+def test_trainable_only_sends_just_the_lora_merged_layers(tiny_model):
+    model = _lora_model(tiny_model)
+    everything = [n for n, _ in weight_source(model)]
+    changing = [n for n, _ in weight_source(model, trainable_only=True)]
+    assert sorted(changing) == sorted(n for n in everything if ".q_proj." in n or ".up_proj." in n)
+    assert len(changing) == 4  # 2 layers x (q_proj, up_proj)
+
+
+def test_adapter_source_uses_peft_state_dict_names(tiny_model):
+    from peft import get_peft_model_state_dict
+
+    from colocate_grpo.weight_sync.sources import adapter_source
+
+    model = _lora_model(tiny_model)
+    streamed = dict(adapter_source(model))
+    expected = get_peft_model_state_dict(model)
+    assert streamed.keys() == expected.keys()
+    assert all(torch.equal(streamed[k], expected[k]) for k in expected)
+
+
+def test_weight_buckets_cover_every_tensor_in_order(tiny_model):
+    from colocate_grpo.weight_sync.sources import weight_buckets
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    buckets = list(weight_buckets(model, bucket_bytes=1 << 20))
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in weight_source(model)]

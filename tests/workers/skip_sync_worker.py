@@ -28,14 +28,14 @@ def main(model_dir: str, out_dir: str) -> None:
         model=model_dir, reward_funcs=[vowel_fraction], args=args, train_dataset=data
     )
     engine = trainer.vllm_generation.engine
-    real_load = engine.load_weights
+    real_load = engine.load_buckets
 
-    def dropping_load(weights):
+    def dropping_load(buckets):
         if trainer.vllm_generation.sync_count == 0:
-            return real_load(weights)
+            return real_load(buckets)
         return real_load(iter(()))  # consumes nothing: the engine keeps its old weights
 
-    engine.load_weights = dropping_load
+    engine.load_buckets = dropping_load
     trainer.train()
 
 
