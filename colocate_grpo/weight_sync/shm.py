@@ -33,7 +33,7 @@ from .items import FullTensor
 _SHM_DIR = "/dev/shm"
 # One mapping per process group, the size of the largest bucket so far, kept between syncs: every sync gathers the
 # same buckets, and fresh tmpfs pages cost more to fault in than the copy itself (0.16 s vs ~1 s per SmolLM2 sync).
-_buffers: dict[int, torch.Tensor] = {}
+_buffers: dict[tuple[int, ...], torch.Tensor] = {}
 
 
 def release_host_buffers() -> None:
@@ -62,7 +62,8 @@ def sharding_group(params: Sequence[torch.nn.Parameter]) -> dist.ProcessGroup | 
 def host_buffer(nbytes: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """A byte tensor of at least `nbytes` mapped by every rank of `group` (collective when it must grow). Sources
     reserve the largest bucket before the first gather, so it grows at most once per sync plan, never mid-sync."""
-    key = id(group)
+    # Keyed by member ranks: the same group can come back as different Python objects (e.g. DeviceMesh.get_group()).
+    key = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
     buffer = _buffers.get(key)
     if buffer is not None and buffer.numel() >= nbytes:
         return buffer

@@ -136,7 +136,8 @@ def plan_buckets(
     def buffer_bytes(group: list[SyncItem]) -> int:
         return shared_bytes(_params_of(group))
 
-    bound = max([cap] + [buffer_bytes([item]) for item in items])  # no bucket is larger than this
+    sizes = [buffer_bytes([item]) for item in items]
+    bound = max([min(cap, sum(sizes))] + sizes)  # no bucket is larger than this
     if shm and bucket_bytes is not None and items and agree_on_shm(bound):
         buckets = _pack(items, buffer_bytes, cap)
         gather = gather_fsdp2_shm if backend == "fsdp2" else gather_zero3_shm
