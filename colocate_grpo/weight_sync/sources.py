@@ -71,18 +71,33 @@ def _full_bytes(param: torch.nn.Parameter) -> int:
     return numel * param.element_size()
 
 
-def _pack(items: Sequence[SyncItem], cost: Callable[[list[SyncItem]], int], cap: int) -> list[list[SyncItem]]:
-    """Greedy packing in order: a bucket grows while its gather cost stays within `cap` (at least one item)."""
+Resources = Callable[[SyncItem], dict[int, int]]
+"""What gathering an item costs: `{resource id: bytes}` (a parameter, or an FSDP1 unit); shared ones count once."""
+
+
+def _pack(items: Sequence[SyncItem], resources: Resources, cap: int) -> list[list[SyncItem]]:
+    """Greedy packing in order: a bucket grows while the bytes of its distinct resources stay within `cap` (at
+    least one item per bucket). Linear in the number of items."""
     buckets: list[list[SyncItem]] = []
     current: list[SyncItem] = []
+    held: dict[int, int] = {}
     for item in items:
-        if current and cost(current + [item]) > cap:
+        need = {k: v for k, v in resources(item).items() if k not in held}
+        if current and sum(held.values()) + sum(need.values()) > cap:
             buckets.append(current)
-            current = []
+            current, held, need = [], {}, resources(item)
         current.append(item)
+        held.update(need)
     if current:
         buckets.append(current)
     return buckets
+
+
+def _bucket_bytes(group: Sequence[SyncItem], resources: Resources) -> int:
+    merged: dict[int, int] = {}
+    for item in group:
+        merged.update(resources(item))
+    return sum(merged.values())
 
 
 def _params_of(items: Sequence[SyncItem]) -> list[torch.nn.Parameter]:
@@ -125,29 +140,32 @@ def plan_buckets(
             units = {id(owners[id(p)]): owners[id(p)] for it in group for p in it.params}
             return list(units.values())
 
-        def cost(group: list[SyncItem]) -> int:
-            return sum(fsdp1_unit_bytes(u) for u in units_of(group))
+        def unit_bytes(item: SyncItem) -> dict[int, int]:
+            return {id(u): fsdp1_unit_bytes(u) for u in units_of([item])}
 
-        return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, cost, cap)]
+        return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, unit_bytes, cap)]
 
-    def full_bytes(group: list[SyncItem]) -> int:
-        return sum(_full_bytes(p) for p in _params_of(group))
+    shared = {id(item): {id(p): shared_bytes([p]) for p in item.params} for item in items}
 
-    def buffer_bytes(group: list[SyncItem]) -> int:
-        return shared_bytes(_params_of(group))
+    def param_bytes(item: SyncItem) -> dict[int, int]:
+        return {id(p): _full_bytes(p) for p in item.params}
 
-    sizes = [buffer_bytes([item]) for item in items]
+    def buffer_bytes(item: SyncItem) -> dict[int, int]:
+        return shared[id(item)]
+
+    sizes = [sum(buffer_bytes(item).values()) for item in items]
     bound = max([min(cap, sum(sizes))] + sizes)  # no bucket is larger than this
     if shm and bucket_bytes is not None and items and agree_on_shm(bound):
         buckets = _pack(items, buffer_bytes, cap)
         gather = gather_fsdp2_shm if backend == "fsdp2" else gather_zero3_shm
         # Sized once, up front, for the largest bucket: the buffer never grows mid-sync.
-        host_buffer(max(map(buffer_bytes, buckets)), sharding_group(_params_of(items)))
+        largest = max(_bucket_bytes(group, buffer_bytes) for group in buckets)
+        host_buffer(largest, sharding_group(_params_of(items)))
     else:
         gather = gather_fsdp2 if backend == "fsdp2" else gather_zero3
         # FSDP2's all-gather also holds this rank's packed send buffer (1/world of the bucket) during the call.
         overhead = 1 + 1 / torch.distributed.get_world_size() if backend == "fsdp2" else 1
-        buckets = _pack(items, lambda group: int(overhead * full_bytes(group)), cap)
+        buckets = _pack(items, lambda item: {k: int(overhead * v) for k, v in param_bytes(item).items()}, cap)
     return [(lambda g=g: gather(_params_of(g)), g) for g in buckets]
 
 
