@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .names import is_adapter_only, to_engine_name
+from .names import is_adapter_only, strip_wrappers, to_engine_name
 
 FullTensor = Callable[[torch.nn.Parameter], torch.Tensor]
 """Maps a parameter to its full (gathered) tensor inside a gather context."""
@@ -106,9 +106,6 @@ def sync_items(module: torch.nn.Module, merge_lora: bool = True) -> list[SyncIte
     return items
 
 
-_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-
-
 def adapter_items(module: torch.nn.Module) -> list[SyncItem]:
     """The active adapter's LoRA factors under PEFT state-dict names (what `get_peft_model_state_dict` returns and
     vLLM's LoRA loader expects): `base_model.model.<layer>.lora_A.weight`, shape `[r, in]`; `lora_B`: `[out, r]`."""
@@ -118,8 +115,6 @@ def adapter_items(module: torch.nn.Module) -> list[SyncItem]:
             if adapter not in layer.lora_A:
                 continue
             for kind in ("lora_A", "lora_B"):
-                name = f"{path}.{kind}.weight"
-                for part in _WRAPPERS:
-                    name = name.replace(part, "")
-                items.append(SyncItem(name.removeprefix("module."), (getattr(layer, kind)[adapter].weight,)))
+                name = strip_wrappers(f"{path}.{kind}.weight")
+                items.append(SyncItem(name, (getattr(layer, kind)[adapter].weight,)))
     return items

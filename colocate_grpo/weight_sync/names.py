@@ -8,10 +8,20 @@ DDP, torch.compile, activation checkpointing, FSDP and PEFT insert their own mod
 from __future__ import annotations
 
 _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-_LEADING = ("module.", "base_model.model.")
 # PEFT: the wrapped original layer, and the trained copy of a `modules_to_save` module (which replaces the original).
 _PEFT_PARTS = (".base_layer", "modules_to_save.default.")
 _ADAPTER_MARKERS = ("lora_", ".original_module.")
+
+
+def strip_wrappers(name: str) -> str:
+    """Remove DDP / FSDP / activation-checkpointing / torch.compile levels, keeping PEFT's own naming.
+
+    Example: `module._fsdp_wrapped_module.base_model.model.model.layers.0.mlp.up_proj.lora_A.weight`
+    -> `base_model.model.model.layers.0.mlp.up_proj.lora_A.weight` (a PEFT state-dict name).
+    """
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name.removeprefix("module.")
 
 
 def to_engine_name(name: str) -> str:
@@ -20,10 +30,7 @@ def to_engine_name(name: str) -> str:
     Example: `module._fsdp_wrapped_module.base_model.model.model.layers.0.mlp.up_proj.base_layer.weight`
     -> `model.layers.0.mlp.up_proj.weight`.
     """
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    for lead in _LEADING:
-        name = name.removeprefix(lead)
+    name = strip_wrappers(name).removeprefix("base_model.model.")
     for part in _PEFT_PARTS:
         name = name.replace(part, "")
     return name
