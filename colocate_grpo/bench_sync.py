@@ -189,7 +189,7 @@ def _memory_pass(args) -> dict:
 
 def _lora_pass(args) -> dict:
     from .engine.backend import ColocatedGeneration, engine_lora_settings
-    from .engine.colocated import SamplingConfig
+    from .engine.sampling import SamplingConfig
 
     model = _load_model(args.model, lora=True)
     engine = _engine(args.model, lora=engine_lora_settings(model))

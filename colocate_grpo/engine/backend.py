@@ -15,7 +15,8 @@ import torch
 
 from ..weight_sync import SyncProbe
 from ..weight_sync.sources import adapter_source, local_fraction, unwrap, weight_buckets
-from .colocated import ColocatedEngine, SamplingConfig
+from .colocated import ColocatedEngine
+from .sampling import SamplingConfig
 
 MetricSink = Callable[[str, float], None]
 

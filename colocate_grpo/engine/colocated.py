@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .sampling import Rollouts, SamplingConfig
 
 
 def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
@@ -126,32 +127,7 @@ def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
     return group
 
 
-@dataclass
-class SamplingConfig:
-    """Sampling settings shared by every rank (TRL's names and semantics)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    extra: dict | None = None
-
-
-@dataclass
-class Rollouts:
-    """What one `generate` call returns for this rank's own prompts.
-
-    Attributes:
-        prompt_ids (`list[list[int]]`): shape `[batch, prompt_len_i]`.
-        completion_ids (`list[list[int]]`): shape `[batch, completion_len_i]`.
-        logprobs (`list[list[float]]`): the sampled tokens' logprobs, shape `[batch, completion_len_i]`.
-    """
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    logprobs: list[list[float]]
+_LORA_ID = 1  # one adapter id, ever: another id could evict ours, and its reload would look for the fake path
 
 
 class ColocatedEngine:
@@ -256,7 +232,11 @@ class ColocatedEngine:
     @property
     def model(self) -> torch.nn.Module:
         """The `nn.Module` vLLM runs on this rank (holding this rank's TP shard)."""
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        return self._runner.model
+
+    @property
+    def _runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollouts:
         """Generate one completion per prompt; prompts are pooled within the TP group and sliced back.
@@ -356,7 +336,7 @@ class ColocatedEngine:
         from vllm.lora.peft_helper import PEFTHelper
         from vllm.lora.request import LoRARequest
 
-        worker_manager = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
+        worker_manager = self._runner.lora_manager
         manager = worker_manager._adapter_manager
         config = dict(peft_config)
         if isinstance(config.get("target_modules"), set):
@@ -367,30 +347,27 @@ class ColocatedEngine:
         mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
         # Copies, not references: vLLM scales lora_B in place (`lora_b *= alpha / r`) when it optimises an adapter,
         # which would silently rescale the trainer's own parameters.
-        owned = {k: v.detach().to("cpu" if self.on_cpu else "cuda").clone() for k, v in tensors.items()}
+        device = "cpu" if self.on_cpu else "cuda"
+        owned = {k: v.detach().to(device).clone() for k, v in tensors.items()}
         adapter = LoRAModel.from_lora_tensors(
-            lora_model_id=self._LORA_ID,
+            lora_model_id=_LORA_ID,
             tensors=owned,
             peft_helper=helper,
-            device="cpu" if self.on_cpu else "cuda",
+            device=device,
             dtype=worker_manager.lora_config.lora_dtype,
             model_vocab_size=worker_manager.vocab_size,
             weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
             skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
         )
         manager._validate_modules_to_save(adapter)
-        manager.remove_adapter(self._LORA_ID)  # frees the slot and unregisters the previous version
+        manager.remove_adapter(_LORA_ID)  # frees the slot and unregisters the previous version
         manager.add_adapter(adapter)
-        manager.activate_adapter(self._LORA_ID)  # copies the factors into the layers' slot buffers
+        manager.activate_adapter(_LORA_ID)  # copies the factors into the layers' slot buffers
         # The request's path is never read: the worker finds the id registered and active.
-        self.lora_request = LoRARequest("policy", self._LORA_ID, "in-memory://policy")
+        self.lora_request = LoRARequest("policy", _LORA_ID, "in-memory://policy")
         # Prefix-cache keys name the adapter, not its weights: drop entries computed with the previous version.
         self.llm.reset_prefix_cache()
         return sum(t.numel() * t.element_size() for t in owned.values())
-
-    _LORA_ID = (
-        1  # one adapter id, ever: another id could evict it, and its reload would look for the fake path
-    )
 
     def sleep(self) -> None:
         """Level-1 sleep: weights are offloaded to host memory (kept, so they are never reloaded from disk after a

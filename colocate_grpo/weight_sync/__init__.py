@@ -1,6 +1,6 @@
 """In-process weight sync: sources yield `(name, tensor)`, the engine consumes them, the probe verifies."""
 
 from .probe import StaleWeightsError, SyncProbe
-from .sources import plain_source, weight_source
+from .sources import adapter_source, weight_buckets, weight_source
 
-__all__ = ["StaleWeightsError", "SyncProbe", "plain_source", "weight_source"]
+__all__ = ["StaleWeightsError", "SyncProbe", "adapter_source", "weight_buckets", "weight_source"]

@@ -195,10 +195,7 @@ def weight_source(
     Yields:
         `tuple[str, torch.Tensor]`: checkpoint name and full tensor (any shape), valid until the next item.
     """
-    items = sync_items(unwrap(model), merge_lora=merge_lora)
-    if trainable_only:
-        items = [item for item in items if item.trainable]
-    return _stream(plan_buckets(model, bucket_bytes, items, shm))
+    return _stream(_weight_plan(model, bucket_bytes, merge_lora, trainable_only, shm))
 
 
 def adapter_source(
@@ -218,13 +215,17 @@ def weight_buckets(
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """`weight_source`, one bucket at a time: each list of `(name, full_tensor)` is valid until the next one is
     requested, so a sink can load a whole bucket in one call (vLLM's `load_weights` costs ~1 ms per call on CPU)."""
-    items = sync_items(unwrap(model), merge_lora=merge_lora)
-    if trainable_only:
-        items = [item for item in items if item.trainable]
-    for gather, group in plan_buckets(model, bucket_bytes, items, shm):
+    for gather, group in _weight_plan(model, bucket_bytes, merge_lora, trainable_only, shm):
         with gather() as full:
             yield [(item.name, item.build(full)) for item in group]
         del full
+
+
+def _weight_plan(model, bucket_bytes, merge_lora: bool, trainable_only: bool, shm: bool) -> list[Bucket]:
+    items = sync_items(unwrap(model), merge_lora=merge_lora)
+    if trainable_only:
+        items = [item for item in items if item.trainable]
+    return plan_buckets(model, bucket_bytes, items, shm)
 
 
 def _stream(buckets: list[Bucket]) -> WeightStream:
@@ -233,11 +234,6 @@ def _stream(buckets: list[Bucket]) -> WeightStream:
             for item in items:
                 yield item.name, item.build(full)
         del full  # the bucket's memory must be free before the next bucket is gathered
-
-
-def plain_source(model: torch.nn.Module) -> WeightStream:
-    """Full parameters of an unsharded model (single process or DDP), no gathering."""
-    return weight_source(model, bucket_bytes=None)
 
 
 def local_fraction(model: torch.nn.Module) -> float:
