@@ -72,8 +72,26 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     """`trl.GRPOConfig` plus the colocated-engine and weight-sync settings.
 
     Args:
-        vllm_mode (`Literal["colocate"]`, *optional*, defaults to `"colocate"`):
-            Where generation runs. Only the in-process engine is available in this release.
+        vllm_mode (`Literal["colocate", "server"]`, *optional*, defaults to `"colocate"`):
+            Where generation runs: `colocate` builds a vLLM engine inside every training rank; `server` sends
+            generation and weight updates to a server started with `python -m colocate_grpo.serve` (only the main
+            process talks to it; see `colocate_grpo.engine.remote`).
+        vllm_server_base_url (`str`, *optional*):
+            Server mode: the server's URL, e.g. `http://10.0.0.2:8000`; overrides `vllm_server_host` /
+            `vllm_server_port`.
+        vllm_server_host (`str`, *optional*, defaults to `"127.0.0.1"`):
+            Server mode: host of the server (ignored when `vllm_server_base_url` is set).
+        vllm_server_timeout (`float`, *optional*, defaults to `240`):
+            Server mode: seconds to wait at start for the server to answer its health check (it may still be loading).
+        vllm_server_request_timeout (`float`, *optional*, defaults to `300`):
+            Server mode: seconds one request (a generation batch, a weight bucket) may take before it is retried.
+        vllm_server_retries (`int`, *optional*, defaults to `2`):
+            Server mode: retries of a request that could not connect or timed out (with 1 s, 2 s, ... back-off);
+            after them every rank stops with `ServerError` naming the URL.
+        vllm_server_weight_transport (`Literal["auto", "http", "nccl"]`, *optional*, defaults to `"auto"`):
+            Server mode: how weight buckets travel. `http` posts each bucket as one safetensors body (CPU or GPU);
+            `nccl` announces each bucket over HTTP and broadcasts its bytes GPU to GPU. `auto`: nccl when the
+            trainer has CUDA, http otherwise.
         vllm_dtype (`Literal["auto", "float32", "bfloat16", "float16"]`, *optional*, defaults to `"auto"`):
             Engine dtype; `auto` is float32 on CPU (bf16 is emulated there) and the checkpoint dtype on GPU.
         vllm_enforce_eager (`bool`, *optional*, defaults to `False`):
@@ -107,8 +125,27 @@ class ColocateGRPOConfig(trl.GRPOConfig):
     use_vllm: bool = field(
         default=True, metadata={"help": "Always true: generation runs in the colocated engine."}
     )
-    vllm_mode: Literal["colocate"] = field(
-        default="colocate", metadata={"help": "Generation backend: the in-process colocated engine."}
+    vllm_mode: Literal["colocate", "server"] = field(
+        default="colocate",
+        metadata={
+            "help": "colocate: vLLM inside every rank; server: a `python -m colocate_grpo.serve` server."
+        },
+    )
+    vllm_server_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Server mode: server host (ignored with vllm_server_base_url)."},
+    )
+    vllm_server_request_timeout: float = field(
+        default=300.0, metadata={"help": "Server mode: seconds one request may take before it is retried."}
+    )
+    vllm_server_retries: int = field(
+        default=2, metadata={"help": "Server mode: retries of a request that failed to connect or timed out."}
+    )
+    vllm_server_weight_transport: Literal["auto", "http", "nccl"] = field(
+        default="auto",
+        metadata={
+            "help": "Server mode: weight buckets over http (safetensors) or nccl; auto = nccl on CUDA."
+        },
     )
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata={"help": "Engine dtype; auto = float32 on CPU, checkpoint dtype on GPU."}
@@ -172,8 +209,8 @@ class ColocateGRPOConfig(trl.GRPOConfig):
                 "use_vllm=false: ColocateGRPOTrainer always generates with its colocated engine; use "
                 "trl.GRPOTrainer for transformers generation."
             )
-        if self.vllm_mode != "colocate":
-            raise ValueError(f"vllm_mode={self.vllm_mode!r}: only 'colocate' is available in this release.")
+        if self.vllm_mode == "server":
+            self._check_server_fields(on_gpu)
         if (
             os.environ.get("FSDP_VERSION", "1") == "1"
             and os.environ.get("FSDP_USE_ORIG_PARAMS", "").lower() == "false"
@@ -202,6 +239,60 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}.")
         if self.vllm_cpu_kvcache_space_gb < 1:
             raise ValueError(f"vllm_cpu_kvcache_space_gb must be >= 1, got {self.vllm_cpu_kvcache_space_gb}.")
+
+    def _check_server_fields(self, on_gpu: bool) -> None:
+        from urllib.parse import urlparse
+
+        url = urlparse(self.server_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(
+                f"vllm_server_base_url={self.vllm_server_base_url!r} is not an http URL; use e.g. "
+                "http://127.0.0.1:8000 (or set vllm_server_host and vllm_server_port)."
+            )
+        if not 0 < self.vllm_server_port < 65536:
+            raise ValueError(f"vllm_server_port must be in 1..65535, got {self.vllm_server_port}.")
+        for name in ("vllm_server_timeout", "vllm_server_request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}.")
+        if self.vllm_server_retries < 0:
+            raise ValueError(f"vllm_server_retries must be >= 0, got {self.vllm_server_retries}.")
+        # While the main process waits on the server, the other ranks wait in a collective; it must outlast every
+        # retry, or those ranks would die of a collective timeout instead of the server error.
+        worst = (
+            self.vllm_server_retries + 1
+        ) * self.vllm_server_request_timeout + 2**self.vllm_server_retries
+        if worst >= self.ddp_timeout:
+            raise ValueError(
+                f"vllm_server_request_timeout x (vllm_server_retries + 1) = {worst:.0f} s must stay below ddp_timeout "
+                f"({self.ddp_timeout} s), the limit of the collectives the other ranks wait in; lower the request "
+                "timeout or raise ddp_timeout."
+            )
+        if self.vllm_server_weight_transport == "nccl" and not on_gpu:
+            raise ValueError(
+                "vllm_server_weight_transport=nccl needs CUDA on the trainer; use http (or auto) on CPU machines."
+            )
+        if self.vllm_tensor_parallel_size != 1:
+            raise ValueError(
+                "vllm_tensor_parallel_size applies to colocate mode; in server mode pass --tensor-parallel-size to "
+                "`python -m colocate_grpo.serve` and leave vllm_tensor_parallel_size at 1."
+            )
+        if self.vllm_enable_sleep_mode:
+            raise ValueError(
+                "vllm_enable_sleep_mode applies to colocate mode; set it to false in server mode."
+            )
+
+    @property
+    def server_url(self) -> str:
+        """The server's base URL, without a trailing slash."""
+        if self.vllm_server_base_url:
+            return self.vllm_server_base_url.rstrip("/")
+        return f"http://{self.vllm_server_host}:{self.vllm_server_port}"
+
+    @property
+    def server_transport(self) -> str:
+        if self.vllm_server_weight_transport != "auto":
+            return self.vllm_server_weight_transport
+        return "nccl" if _cuda_available() else "http"
 
     @property
     def engine_dtype(self) -> str:

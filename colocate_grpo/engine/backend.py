@@ -7,15 +7,18 @@ an engine (`ColocatedEngine`), a weight source (`colocate_grpo.weight_sync`) and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 
 from ..weight_sync import SyncProbe
 from ..weight_sync.sources import adapter_source, local_fraction, unwrap, weight_buckets
 from .colocated import ColocatedEngine
+from .remote import RemoteEngine
 from .sampling import SamplingConfig
 
 MetricSink = Callable[[str, float], None]
@@ -27,8 +30,8 @@ class ColocatedGeneration:
     Args:
         model (`torch.nn.Module`):
             The policy being trained (possibly wrapped); read by the weight source and the probe.
-        engine (`ColocatedEngine`):
-            This rank's engine.
+        engine (`ColocatedEngine` or `RemoteEngine`):
+            This rank's engine, or (server mode) the collective stand-in for the remote server.
         sampling (`SamplingConfig`):
             Sampling settings for rollouts.
         probe (`SyncProbe`, *optional*):
@@ -43,7 +46,7 @@ class ColocatedGeneration:
     def __init__(
         self,
         model: torch.nn.Module,
-        engine: ColocatedEngine,
+        engine: ColocatedEngine | RemoteEngine,
         sampling: SamplingConfig,
         probe: SyncProbe | None = None,
         bucket_bytes: int | None = 256 << 20,
@@ -54,7 +57,9 @@ class ColocatedGeneration:
         self.model_fn: Callable[[], torch.nn.Module] = lambda: model
         self.bucket_bytes = bucket_bytes
         self.engine = engine
-        self.llm = engine.llm  # TRL reads `.llm` for the engine's max_model_len in tool loops
+        self.llm = engine.llm  # TRL reads `.llm` for the engine's max_model_len in tool loops (colocate mode)
+        # TRL's trainer asks the server for its logprobs mode (server mode, main process).
+        self.vllm_client = engine.client if isinstance(engine, RemoteEngine) else None
         self.sampling = sampling
         self.probe = probe
         self.step_fn: Callable[[], int] = lambda: -1
@@ -138,10 +143,35 @@ def build_generation(
 ) -> ColocatedGeneration:
     """Build engine, sampling and probe from a `ColocateGRPOConfig` (the trainer's one entry point here)."""
     from ..weight_sync.probe import default_tolerance
+
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    if args.vllm_mode == "server":
+        engine, dtype = build_remote_engine(model, args)
+    else:
+        engine, dtype = build_colocated_engine(model, args, max_num_seqs)
+    sampling = SamplingConfig(
+        max_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
+        extra=dict(args.generation_kwargs or {}),
+    )
+    probe = None
+    if args.weight_sync_probe:
+        dtype = dtype if dtype != "auto" else model.dtype
+        tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
+        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
+    bucket_bytes = int(args.weight_sync_bucket_mb * (1 << 20))
+    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes, args.weight_sync_lora_mode)
+
+
+def build_colocated_engine(model: torch.nn.Module, args, max_num_seqs: int) -> tuple[ColocatedEngine, str]:
+    """This rank's in-process engine, and its dtype name."""
     from .colocated import configure_cpu_runtime
 
     configure_cpu_runtime(args.local_world_size, args.vllm_cpu_kvcache_space_gb)
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
     lora = engine_lora_settings(model) if args.weight_sync_lora_mode == "adapter" else None
     engine = ColocatedEngine(
         model.name_or_path,
@@ -155,22 +185,44 @@ def build_generation(
         seed=args.seed,
         lora=lora,
     )
-    sampling = SamplingConfig(
-        max_tokens=args.max_completion_length,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
-        min_p=args.min_p or 0.0,
-        repetition_penalty=args.repetition_penalty,
-        extra=dict(args.generation_kwargs or {}),
-    )
-    probe = None
-    if args.weight_sync_probe:
-        dtype = args.engine_dtype if args.engine_dtype != "auto" else model.dtype
-        tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
-        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
-    bucket_bytes = int(args.weight_sync_bucket_mb * (1 << 20))
-    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes, args.weight_sync_lora_mode)
+    return engine, args.engine_dtype
+
+
+def build_remote_engine(model: torch.nn.Module, args) -> tuple[RemoteEngine, str]:
+    """The collective stand-in for the server (every rank), after rank 0 found it healthy; and the server's dtype.
+
+    Raises `ServerError` on every rank if no server answers within `vllm_server_timeout`, and `ValueError` if the
+    server cannot take this run's weight updates.
+    """
+    from .server import ServerClient
+
+    if (
+        not torch.cuda.is_available()
+    ):  # trainer ranks share the cores (the engine's threads live in the server)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, args.local_world_size)))
+    client = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        client = ServerClient(
+            args.server_url,
+            request_timeout=args.vllm_server_request_timeout,
+            retries=args.vllm_server_retries,
+            transport=args.server_transport,
+            group_port=args.vllm_group_port,
+        )
+    engine = RemoteEngine(client)
+    info = engine.wait_until_ready(args.vllm_server_timeout)
+    if args.weight_sync_lora_mode == "adapter" and not info["lora"]:
+        need = engine_lora_settings(model)
+        raise ValueError(
+            f"weight_sync_lora_mode=adapter: the server at {args.server_url} was started without LoRA; restart it "
+            f"with `--max-lora-rank {need['max_rank']} --lora-target-modules {' '.join(need['target_modules'])}`, "
+            "or use weight_sync_lora_mode=merged."
+        )
+    if args.server_transport == "nccl" and info["device"] != "cuda":
+        raise ValueError(
+            f"vllm_server_weight_transport=nccl: the server at {args.server_url} runs on CPU; use http."
+        )
+    return engine, info["dtype"]
 
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

