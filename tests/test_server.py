@@ -1,0 +1,221 @@
+"""Server mode: `python -m colocate_grpo.serve` as a real subprocess on 127.0.0.1 with the tiny model, driven by the
+client directly and by real 1- and 2-process training runs; failures (no server, server killed, slow server) must
+stop every trainer rank with a clear error within the timeouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from colocate_grpo.engine.sampling import SamplingConfig
+from colocate_grpo.engine.server import ServerClient, ServerError
+from colocate_grpo.engine.wire import (
+    bucket_layout,
+    flatten_bucket,
+    pack_bucket,
+    unflatten_bucket,
+    unpack_bucket,
+)
+
+from .conftest import ROOT, bin_path, run_cmd
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model, port: int, *flags: str, log=None) -> subprocess.Popen:
+    """The real server on loopback; returns once /health answers."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    cmd = [sys.executable, "-m", "colocate_grpo.serve", "--model", str(model), "--port", str(port)]
+    cmd += ["--enforce-eager", "--max-model-len", "512", "--kv-cache-gb", "1", "--cpu-threads", "1", *flags]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    try:
+        ServerClient(f"http://127.0.0.1:{port}").wait_until_ready(240)
+    except ServerError:
+        proc.kill()
+        raise
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
+    proc = start_server(tiny_model, port, log=log)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+    log.close()
+
+
+def train_cmd(tiny_model, out, url: str, *flags: str, processes: int = 2, config: str = "cpu") -> list[str]:
+    """A training run of the tiny recipe in server mode: accelerate (2 processes, `accelerate_configs/<config>.yaml`)
+    or plain python (1 process)."""
+    recipe = ["--config", "recipes/tiny/colocate_test.yaml", "--model_name_or_path", str(tiny_model)]
+    args = [*recipe, "--output_dir", str(out), "--vllm_mode", "server", "--vllm_server_base_url", url, *flags]
+    if processes == 1:
+        return [sys.executable, "-m", "colocate_grpo", *args]
+    launcher = [bin_path("accelerate"), "launch", "--config_file", f"accelerate_configs/{config}.yaml"]
+    return [*launcher, "--main_process_port", str(free_port()), "-m", "colocate_grpo", *args]
+
+
+def test_wire_round_trips_tied_and_half_precision_tensors():
+    embed = torch.randn(6, 4)
+    bucket = [
+        ("embed", embed),
+        ("lm_head", embed),
+        ("w", torch.randn(3, 2).to(torch.bfloat16)),
+        ("b", torch.ones(2)),
+    ]
+    back, meta = unpack_bucket(pack_bucket(bucket, {"k": "v"}))
+    assert meta == {"k": "v"}
+    back = dict(back)
+    assert all(torch.equal(back[name], t) and back[name].dtype == t.dtype for name, t in bucket)
+    views = dict(unflatten_bucket(flatten_bucket(bucket, torch.device("cpu")), bucket_layout(bucket)))
+    assert all(torch.equal(views[name], t) for name, t in bucket)
+
+
+def test_no_server_gives_clear_error_quickly():
+    url = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=f"{url}/health within 2 s.*colocate_grpo.serve"):
+        ServerClient(url).wait_until_ready(2)
+    assert time.monotonic() - start < 10
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=f"{url} did not answer /generate .* 2 attempts"):
+        ServerClient(url, request_timeout=5, retries=1).generate([[1, 2]], SamplingConfig(max_tokens=2))
+    assert time.monotonic() - start < 10
+
+
+def test_slow_server_times_out_with_bounded_retries():
+    """A server that accepts the request but never answers within the timeout: retried once, then a clear error."""
+    calls = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append(time.monotonic())
+            time.sleep(3)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    start = time.monotonic()
+    with pytest.raises(
+        ServerError, match="did not answer /prompt_logprobs .*timed out.* 2 attempts.*request_timeout"
+    ):
+        ServerClient(url, request_timeout=0.5, retries=1).prompt_logprobs([1, 2, 3])
+    assert time.monotonic() - start < 5 and len(calls) == 2
+    httpd.shutdown()
+
+
+def test_server_generates_and_takes_bucketed_weights(server, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from colocate_grpo.weight_sync.sources import weight_buckets
+
+    client = ServerClient(server, request_timeout=60)
+    out = client.generate([[1, 2, 3], [4, 5]], SamplingConfig(max_tokens=5))
+    assert out.prompt_ids == [[1, 2, 3], [4, 5]]
+    assert [len(c) for c in out.completion_ids] == [5, 5] and [len(lp) for lp in out.logprobs] == [5, 5]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    ids = list(range(1, 40))
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
+    reference = logits.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].detach()
+    assert (
+        client.prompt_logprobs(ids) - reference
+    ).abs().max() > 0.01  # the server still has the old weights
+    version = client.get_server_info()["weights_version"]
+    count, nbytes = client.push(weight_buckets(model, 4 << 20))
+    assert count == len(model.state_dict()) - 1  # the tied lm_head is not sent separately
+    assert nbytes == sum(p.numel() * 4 for p in model.parameters())
+    assert (client.prompt_logprobs(ids) - reference).abs().max() < 1e-4
+    assert client.get_server_info()["weights_version"] == version + 1
+
+
+@pytest.mark.parametrize("processes,config", [(1, "cpu"), (2, "cpu"), (2, "fsdp2_cpu")])
+def test_training_in_server_mode_syncs_and_probes_every_step(server, tiny_model, tmp_path, processes, config):
+    out = tmp_path / "run"
+    flags = ["--weight_sync_bucket_mb", "4"]  # several buckets per sync
+    result = run_cmd(train_cmd(tiny_model, out, server, *flags, processes=processes, config=config))
+    assert result.returncode == 0, result.stderr[-4000:]
+    history = json.loads((out / "log_history.json").read_text())
+    steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
+    assert len(steps) == 3
+    assert all(row["sync/probe_max_logprob_diff"] < 1e-4 for row in steps)
+    assert all(row["sync/bytes"] > 0 for row in steps)
+    # Each rank trained on its own samples: 3 steps x `processes` groups of the 64-prompt dataset.
+    assert steps[-1]["epoch"] == pytest.approx(3 * processes / 64)
+    if config == "fsdp2_cpu":  # a sharded source: every rank gathers, rank 0 sends
+        assert steps[-1]["sync/local_param_fraction"] == pytest.approx(0.5, abs=0.05)
+    # The server generated with the synced weights: its logprobs match the trainer's recomputation.
+    assert all(row["sampling/sampling_logp_difference/max"] < 1e-3 for row in steps)
+
+
+def test_trainer_without_server_stops_every_rank_with_clear_error(tiny_model, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    result = run_cmd(train_cmd(tiny_model, tmp_path / "run", url, "--vllm_server_timeout", "3"), timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"No colocate_grpo vLLM server answered at {url}/health within 3 s" in output
+    assert "[rank 1] No colocate_grpo vLLM server answered" in output  # the other rank stopped with it
+    assert time.monotonic() - start < 120
+
+
+def test_server_killed_mid_run_stops_every_rank_within_timeout(tiny_model, tmp_path):
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as log:
+        server = start_server(tiny_model, port, log=log)
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    flags = ["--max_steps", "200", "--vllm_server_request_timeout", "10", "--vllm_server_retries", "2"]
+    cmd = train_cmd(tiny_model, tmp_path / "run", url, *flags)
+    trainer = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    client = ServerClient(url, request_timeout=10)
+    deadline = time.monotonic() + 300
+    while client.get_server_info()["weights_version"] < 3:  # a few steps trained through the server
+        assert trainer.poll() is None and time.monotonic() < deadline, "trainer did not get going"
+        time.sleep(0.2)
+    server.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    try:
+        output, _ = trainer.communicate(timeout=120)
+    finally:
+        trainer.kill()
+    server.wait()
+    # Connection refused: 3 attempts with 1 s + 2 s back-off, then every rank raises (well inside the 10 s timeout).
+    assert time.monotonic() - killed < 60
+    assert trainer.returncode != 0
+    assert f"vLLM server at {url} did not answer" in output
+    assert f"[rank 1] vLLM server at {url} did not answer" in output
+    assert "colocate_grpo.serve` is still running" in output
