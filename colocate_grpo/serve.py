@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 from concurrent.futures import Future
@@ -250,6 +251,10 @@ def _init_distributed(args: ServeArgs) -> dist.ProcessGroup | None:
     group rank 0 replays calls on, or None with one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return None  # ColocatedEngine makes a private 1-rank group
+    if sys.platform == "linux":  # a rank must not outlive its launcher, even one killed with SIGKILL
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(minutes=30))
@@ -277,6 +282,8 @@ def serve(args: ServeArgs) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+    # SIGTERM (also what torchrun forwards) exits through atexit, which unlinks the engine's shared memory.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     info = host.info()
     jobs: queue.Queue = queue.Queue()
     server = ThreadingHTTPServer((args.host, args.port), make_handler(jobs, info))

@@ -4,6 +4,7 @@ stop every trainer rank with a clear error within the timeouts."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -157,6 +158,86 @@ def test_server_generates_and_takes_bucketed_weights(server, tiny_model):
     assert nbytes == sum(p.numel() * 4 for p in model.parameters())
     assert (client.prompt_logprobs(ids) - reference).abs().max() < 1e-4
     assert client.get_server_info()["weights_version"] == version + 1
+
+
+def test_tensor_parallel_server_replays_every_call_on_both_ranks(tiny_model, tmp_path):
+    """--tensor-parallel-size 2: the command re-launches itself as 2 ranks; weights loaded through rank 0's HTTP
+    endpoint reach both shards (the probe would see a half-updated model otherwise)."""
+    from transformers import AutoModelForCausalLM
+
+    from colocate_grpo.weight_sync.sources import weight_buckets
+
+    port = free_port()
+    segments_before = set(glob.glob("/dev/shm/cgrpo*"))
+    with open(tmp_path / "server.log", "w") as log:
+        proc = start_server(tiny_model, port, "--tensor-parallel-size", "2", log=log)
+    try:
+        client = ServerClient(f"http://127.0.0.1:{port}", request_timeout=60)
+        assert client.get_server_info()["tensor_parallel_size"] == 2
+        out = client.generate([[1, 2, 3]] * 3, SamplingConfig(max_tokens=4))
+        assert [len(c) for c in out.completion_ids] == [4, 4, 4]
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.05)
+        client.push(weight_buckets(model, 4 << 20))
+        ids = list(range(1, 40))
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)
+        reference = logits.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].detach()
+        assert (client.prompt_logprobs(ids) - reference).abs().max() < 1e-4
+    finally:
+        proc.terminate()  # torchrun stops both ranks
+        proc.wait(timeout=60)
+    time.sleep(1)
+    ranks = subprocess.run(
+        ["pgrep", "-f", f"colocate_grpo.serve.*--port {port}"], capture_output=True, text=True
+    )
+    assert ranks.stdout.strip() == "", "a server rank outlived its launcher"
+    assert set(glob.glob("/dev/shm/cgrpo*")) <= segments_before, (
+        "the TP group's shared memory was left behind"
+    )
+
+
+def test_lora_adapter_sync_through_server(tiny_model, tmp_path):
+    """weight_sync_lora_mode=adapter in server mode: the base goes once, then only the LoRA factors; the probe (run
+    against the server with its adapter) matches every step."""
+    port = free_port()
+    lora_flags = ["--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj"]
+    with open(tmp_path / "server.log", "w") as log:
+        proc = start_server(tiny_model, port, *lora_flags, log=log)
+    try:
+        flags = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "5e-2"]
+        flags += ["--lora_target_modules", "q_proj", "v_proj", "--weight_sync_lora_mode", "adapter"]
+        out = tmp_path / "run"
+        result = run_cmd(train_cmd(tiny_model, out, f"http://127.0.0.1:{port}", *flags))
+    finally:
+        stop(proc)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [
+        r for r in json.loads((out / "log_history.json").read_text()) if "sync/probe_max_logprob_diff" in r
+    ]
+    assert len(steps) == 3 and all(r["sync/probe_max_logprob_diff"] < 1e-4 for r in steps)
+    assert steps[1]["sync/bytes"] < 0.05 * steps[0]["sync/bytes"]  # adapter only after the first sync
+
+
+def test_adapter_mode_needs_a_lora_server(server, tiny_model, tmp_path):
+    flags = [
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--weight_sync_lora_mode",
+        "adapter",
+    ]
+    result = run_cmd(train_cmd(tiny_model, tmp_path / "run", server, *flags, processes=1), timeout=300)
+    assert result.returncode != 0
+    assert (
+        "was started without LoRA; restart it with `--max-lora-rank 8 --lora-target-modules q_proj v_proj`"
+        in (result.stdout + result.stderr)
+    )
 
 
 @pytest.mark.parametrize("processes,config", [(1, "cpu"), (2, "cpu"), (2, "fsdp2_cpu")])

@@ -13,35 +13,20 @@ every packed layer after loading. A vLLM upgrade that moves any of this should o
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import glob
 import os
+import time
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
+from .runtime import configure_cpu_runtime, ensure_process_group, make_tp_group
 from .sampling import Rollouts, SamplingConfig
 
-
-def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int, threads: int | None = None) -> None:
-    """Set the vLLM-CPU knobs the user should not have to know about; a no-op when CUDA is available.
-
-    Must run before the engine is built: the vLLM CPU worker makes `torch.set_num_threads` a no-op for the rest
-    of the process, so the thread count chosen here is the one the trainer keeps too.
-
-    Args:
-        local_world_size (`int`):
-            Training processes on this machine; the cores are split evenly so ranks don't oversubscribe them.
-        kv_cache_gb (`int`):
-            KV-cache size in GiB (vLLM-CPU reads `VLLM_CPU_KVCACHE_SPACE`, not `gpu_memory_utilization`).
-        threads (`int`, *optional*):
-            Threads for this process; defaults to the cores divided by `local_world_size`.
-    """
-    if torch.cuda.is_available():
-        return
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
-    threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
+__all__ = ["ColocatedEngine", "SamplingConfig", "Rollouts", "configure_cpu_runtime"]
 
 
 def _keep_cpu_linear_weights() -> None:
@@ -62,6 +47,45 @@ def _keep_cpu_linear_weights() -> None:
 
     dispatch_keeping_weight.original = original
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+def _unique_cpu_shm_names() -> None:
+    """Give this job's vLLM-CPU shared-memory segments names no other job on the machine uses.
+
+    vLLM-CPU names a TP group's `/dev/shm` segment after the rendezvous address, which for external_launcher
+    (`env://`) is the same for every job: a second TP>1 engine on the machine, or the segment a killed job
+    left behind, then makes `init_shm_manager` fail with EEXIST. Collective over the default group: rank 0
+    draws a token and every rank uses it, so the ranks of one TP group still agree on the name.
+    """
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    _unlink_stale_shm()
+    token = [f"{os.getpid()}x{os.urandom(4).hex()}" if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    prefix = f"cgrpo{token[0]}"
+
+    def make_group_name(communicator) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{prefix}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+    atexit.register(_unlink_shm, prefix)
+
+
+def _unlink_stale_shm(min_age_s: float = 600.0) -> None:
+    """Remove segments a killed job left: named after a rank-0 pid that no longer runs, untouched for 10 min."""
+    for path in glob.glob("/dev/shm/cgrpo*x*-cpushm*"):
+        pid = os.path.basename(path)[len("cgrpo") :].split("x", 1)[0]
+        with contextlib.suppress(OSError, ValueError):
+            if time.time() - os.path.getmtime(path) > min_age_s and not os.path.exists(f"/proc/{int(pid)}"):
+                os.unlink(path)
+
+
+def _unlink_shm(prefix: str) -> None:
+    """Remove this job's `/dev/shm` segments at exit (the mappings of ranks still running stay valid)."""
+    for path in glob.glob(f"/dev/shm/{prefix}*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -> int:
@@ -92,41 +116,6 @@ def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -
                 dispatch(module, remove_weight=False)
                 count += 1
     return count
-
-
-def _ensure_process_group() -> None:
-    """external_launcher needs torch.distributed; a single unlaunched process gets a private 1-rank gloo group.
-
-    Under torchrun/accelerate the trainer's group must already exist (vLLM would otherwise build its own, with
-    a different rank layout), so a multi-process environment without one is an error.
-    """
-    if dist.is_initialized():
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError(
-            "Initialise torch.distributed (e.g. via Accelerator()) before building the engine."
-        )
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-
-
-def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
-    """Create the tensor-parallel groups `[0..T-1], [T..2T-1], ...` and return this rank's group.
-
-    Every rank must call this, in the same order, even for groups it is not in (`new_group` is collective).
-    """
-    if tensor_parallel_size == 1:
-        return None
-    world = dist.get_world_size()
-    groups = [list(range(i, i + tensor_parallel_size)) for i in range(0, world, tensor_parallel_size)]
-    group, _ = dist.new_subgroups_by_enumeration(groups)
-    return group
 
 
 _LORA_ID = 1  # one adapter id, ever: another id could evict ours, and its reload would look for the fake path
@@ -174,7 +163,7 @@ class ColocatedEngine:
     ):
         from vllm import LLM
 
-        _ensure_process_group()
+        ensure_process_group()
         rank, world = dist.get_rank(), dist.get_world_size()
         if world % tensor_parallel_size:
             raise ValueError(
@@ -189,6 +178,7 @@ class ColocatedEngine:
             )
         if self.on_cpu:
             _keep_cpu_linear_weights()  # must precede weight loading, or load_weights has nothing to load into
+            _unique_cpu_shm_names()
         # external_launcher reads the torch.distributed coordinates from the environment.
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world))
