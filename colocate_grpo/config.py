@@ -13,6 +13,7 @@ from typing import Literal
 
 import trl
 
+from .config_rewards import RewardOptions
 from .weight_sync.probe import DEFAULT_PROBE_TEXT
 
 
@@ -68,8 +69,11 @@ class ScriptArguments(trl.ScriptArguments):
 
 
 @dataclass
-class ColocateGRPOConfig(trl.GRPOConfig):
+class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
     """`trl.GRPOConfig` plus the colocated-engine and weight-sync settings.
+
+    Reward-side options (`reward_on_error`, `overlong_*`, `dynamic_sampling*`) are documented in
+    `colocate_grpo.config_rewards.RewardOptions`.
 
     Args:
         vllm_mode (`Literal["colocate", "server"]`, *optional*, defaults to `"colocate"`):
@@ -92,6 +96,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             Server mode: how weight buckets travel. `http` posts each bucket as one safetensors body (CPU or GPU);
             `nccl` announces each bucket over HTTP and broadcasts its bytes GPU to GPU. `auto`: nccl when the
             trainer has CUDA, http otherwise.
+        vllm_server_message_mb (`float`, *optional*, defaults to `32`):
+            Server mode: largest weight message in MiB; buckets (`weight_sync_bucket_mb`) are split into messages of
+            this size. Measured on CPU loopback: 32 MiB messages 0.88 s per sync, 256 MiB 1.81 s, per tensor 1.49 s.
         vllm_dtype (`Literal["auto", "float32", "bfloat16", "float16"]`, *optional*, defaults to `"auto"`):
             Engine dtype; `auto` is float32 on CPU (bf16 is emulated there) and the checkpoint dtype on GPU.
         vllm_enforce_eager (`bool`, *optional*, defaults to `False`):
@@ -147,6 +154,9 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             "help": "Server mode: weight buckets over http (safetensors) or nccl; auto = nccl on CUDA."
         },
     )
+    vllm_server_message_mb: float = field(
+        default=32.0, metadata={"help": "Server mode: largest weight message in MiB (buckets are split)."}
+    )
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata={"help": "Engine dtype; auto = float32 on CPU, checkpoint dtype on GPU."}
     )
@@ -196,6 +206,7 @@ class ColocateGRPOConfig(trl.GRPOConfig):
             configure_cpu_sharding_env()  # before TrainingArguments builds a DeepSpeed plugin
         self._check_fields(on_gpu)
         super().__post_init__()
+        self.check_reward_options()
         world = self.launch_world_size
         if world % self.vllm_tensor_parallel_size:
             raise ValueError(
@@ -254,6 +265,8 @@ class ColocateGRPOConfig(trl.GRPOConfig):
         for name in ("vllm_server_timeout", "vllm_server_request_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}.")
+        if not self.vllm_server_message_mb > 0:
+            raise ValueError(f"vllm_server_message_mb must be > 0 MiB, got {self.vllm_server_message_mb}.")
         if self.vllm_server_retries < 0:
             raise ValueError(f"vllm_server_retries must be >= 0, got {self.vllm_server_retries}.")
         # While the main process waits on the server, the other ranks wait in a collective; it must outlast every

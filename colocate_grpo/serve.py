@@ -148,7 +148,7 @@ class EngineHost:
             self.engine.llm.reset_prefix_cache()
             return {}
         if op == "begin":
-            self.loaded, self.count = set(), 0
+            self.loaded, self.count, self.messages = set(), 0, 0
             return {}
         if op == "bucket":
             bucket, _ = wire.unpack_bucket(payload)
@@ -163,7 +163,7 @@ class EngineHost:
         if op == "end":
             self.engine.finish_load(self.loaded, self.count)
             self.version += 1
-            return {"weights_version": self.version, "tensors": self.count}
+            return {"weights_version": self.version, "tensors": self.count, "messages": self.messages}
         if op == "adapter":
             tensors, metadata = wire.unpack_bucket(payload)
             nbytes = self.engine.load_adapter(dict(tensors), json.loads(metadata["peft_config"]))
@@ -172,6 +172,7 @@ class EngineHost:
         raise ValueError(f"unknown operation {op!r}")
 
     def _load(self, bucket: wire.Bucket) -> dict:
+        self.messages += 1
         self.loaded |= self.engine.load_bucket(bucket)
         self.count += len(bucket)
         return {"tensors": len(bucket), "bytes": sum(t.numel() * t.element_size() for _, t in bucket)}
@@ -229,7 +230,14 @@ def make_handler(jobs: queue.Queue, info: dict):
                 self.rfile.read(min(length, MAX_BODY_BYTES))
                 self._reply(404 if route is None else 413, {"error": f"bad request to {self.path}"})
                 return
-            body = self.rfile.read(length)
+            body = bytearray(length)  # read in place: weight tensors are then views into it, not copies
+            view, done = memoryview(body), 0
+            while done < length:
+                got = self.rfile.readinto(view[done:])
+                if not got:
+                    self._reply(400, {"error": f"body of {self.path} ended after {done} of {length} bytes"})
+                    return
+                done += got
             op, kind = route
             payload = json.loads(body or b"{}") if kind == "json" else body
             future: Future = Future()
@@ -298,6 +306,35 @@ def serve(args: ServeArgs) -> None:
             future.set_result(host.run(op, payload))
         except Exception as exc:
             future.set_exception(exc)
+
+
+def spawn_server(model: str, port: int, *flags: str, log=None, ready_timeout: float = 240.0):
+    """Start `python -m colocate_grpo.serve` on 127.0.0.1:`port` as a subprocess and wait until it answers.
+
+    For tests, benchmarks and single-machine runs; `flags` are further command-line options (e.g.
+    `"--dtype", "float32"`). Output goes to `log` (a file object) or is discarded. Returns the `Popen`; stopping it
+    (`terminate()`) stops every server rank. Raises `ServerError` (after killing it) if it is not ready in time.
+    """
+    import subprocess
+
+    from .engine.server import ServerClient, ServerError
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the server's own --kv-cache-gb applies
+    cmd = [sys.executable, "-m", "colocate_grpo.serve", "--model", str(model), "--port", str(port), *flags]
+    proc = subprocess.Popen(cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        ServerClient(f"http://127.0.0.1:{port}").wait_until_ready(ready_timeout)
+    except ServerError:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 def parse_args(argv: list[str] | None = None) -> ServeArgs:

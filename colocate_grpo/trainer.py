@@ -21,9 +21,10 @@ from .engine.backend import ColocatedGeneration, build_generation
 from .launch import cpu_sharding_support, fix_cpu_accelerator
 from .logprobs import plain_token_logps
 from .plotting import MetricsPlotCallback
+from .trainer_rewards import RewardShapingMixin, prepare_reward_funcs
 
 
-class ColocateGRPOTrainer(trl.GRPOTrainer):
+class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
     """GRPO trainer whose rollouts come from a vLLM engine inside every training rank.
 
     Args:
@@ -49,6 +50,8 @@ class ColocateGRPOTrainer(trl.GRPOTrainer):
                 f"args must be a ColocateGRPOConfig, got {type(args).__name__}; build it with "
                 "ColocateGRPOConfig(**your_grpo_config.to_dict())."
             )
+
+        reward_funcs = prepare_reward_funcs(reward_funcs, args)
 
         def factory(*, model, processing_class, max_num_seqs, **_trl_kwargs):
             return build_generation(model, processing_class, args, max_num_seqs)

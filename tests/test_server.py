@@ -16,6 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import safetensors.torch
 import torch
 
 from colocate_grpo.engine.sampling import SamplingConfig
@@ -23,10 +24,13 @@ from colocate_grpo.engine.server import ServerClient, ServerError
 from colocate_grpo.engine.wire import (
     bucket_layout,
     flatten_bucket,
+    layout_bytes,
     pack_bucket,
+    split_bucket,
     unflatten_bucket,
     unpack_bucket,
 )
+from colocate_grpo.serve import spawn_server
 
 from .conftest import ROOT, bin_path, run_cmd
 
@@ -38,20 +42,9 @@ def free_port() -> int:
 
 
 def start_server(model, port: int, *flags: str, log=None) -> subprocess.Popen:
-    """The real server on loopback; returns once /health answers."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    cmd = [sys.executable, "-m", "colocate_grpo.serve", "--model", str(model), "--port", str(port)]
-    cmd += ["--enforce-eager", "--max-model-len", "512", "--kv-cache-gb", "1", "--cpu-threads", "1", *flags]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT
-    )
-    try:
-        ServerClient(f"http://127.0.0.1:{port}").wait_until_ready(240)
-    except ServerError:
-        proc.kill()
-        raise
-    return proc
+    """The real server on loopback, small and single-threaded; returns once /health answers."""
+    small = ["--enforce-eager", "--max-model-len", "512", "--kv-cache-gb", "1", "--cpu-threads", "1"]
+    return spawn_server(model, port, *small, *flags, log=log)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -88,11 +81,21 @@ def test_wire_round_trips_tied_and_half_precision_tensors():
         ("w", torch.randn(3, 2).to(torch.bfloat16)),
         ("b", torch.ones(2)),
     ]
-    back, meta = unpack_bucket(pack_bucket(bucket, {"k": "v"}))
-    assert meta == {"k": "v"}
-    back = dict(back)
-    assert all(torch.equal(back[name], t) and back[name].dtype == t.dtype for name, t in bucket)
-    views = dict(unflatten_bucket(flatten_bucket(bucket, torch.device("cpu")), bucket_layout(bucket)))
+    bucket.append(("scalar", torch.tensor(7, dtype=torch.int64)))
+    data = pack_bucket(bucket, {"k": "v"})
+    for back, meta in (unpack_bucket(data), unpack_bucket(bytearray(data))):
+        assert meta == {"k": "v"}
+        back = dict(back)
+        assert all(torch.equal(back[name], t) and back[name].dtype == t.dtype for name, t in bucket)
+    reference = safetensors.torch.load(data)  # the stream is plain safetensors
+    assert all(torch.equal(reference[name], t) for name, t in bucket)
+    pieces = list(
+        split_bucket(bucket, 40)
+    )  # 96-byte embed and lm_head alone, then w + b + scalar (12 + 8 + 8 bytes)
+    assert [[name for name, _ in piece] for piece in pieces] == [["embed"], ["lm_head"], ["w", "b", "scalar"]]
+    flat = flatten_bucket(bucket, torch.device("cpu"))  # mixed dtypes: each tensor starts 8-byte aligned
+    assert flat.numel() == layout_bytes(bucket_layout(bucket))
+    views = dict(unflatten_bucket(flat, bucket_layout(bucket)))
     assert all(torch.equal(views[name], t) for name, t in bucket)
 
 
@@ -138,7 +141,7 @@ def test_server_generates_and_takes_bucketed_weights(server, tiny_model):
 
     from colocate_grpo.weight_sync.sources import weight_buckets
 
-    client = ServerClient(server, request_timeout=60)
+    client = ServerClient(server, request_timeout=60, bucket_bytes=1 << 20)
     out = client.generate([[1, 2, 3], [4, 5]], SamplingConfig(max_tokens=5))
     assert out.prompt_ids == [[1, 2, 3], [4, 5]]
     assert [len(c) for c in out.completion_ids] == [5, 5] and [len(lp) for lp in out.logprobs] == [5, 5]
@@ -153,7 +156,15 @@ def test_server_generates_and_takes_bucketed_weights(server, tiny_model):
         client.prompt_logprobs(ids) - reference
     ).abs().max() > 0.01  # the server still has the old weights
     version = client.get_server_info()["weights_version"]
-    count, nbytes = client.push(weight_buckets(model, 4 << 20))
+    client.begin_update()
+    count = nbytes = 0
+    for bucket in weight_buckets(
+        model, None
+    ):  # one bucket of every tensor; the client caps messages at 1 MiB
+        nbytes += client.send_bucket(bucket)
+        count += len(bucket)
+    pieces = sum(len(list(split_bucket(b, 1 << 20))) for b in weight_buckets(model, None))
+    assert client.end_update()["messages"] == pieces > 1
     assert count == len(model.state_dict()) - 1  # the tied lm_head is not sent separately
     assert nbytes == sum(p.numel() * 4 for p in model.parameters())
     assert (client.prompt_logprobs(ids) - reference).abs().max() < 1e-4

@@ -96,3 +96,34 @@ def test_lora_merge_then_sync_matches_after_every_step(tiny_model, tmp_path):
     # The adapter really trained (LoRA B starts at zero), so syncs 2 and 3 pushed merged weights != the base.
     adapter = load_file(out / "adapter_model.safetensors")
     assert any("lora_B" in k and adapter[k].abs().max() > 0 for k in adapter)
+
+
+def test_code_reward_training_on_humaneval_with_dapo_options(tiny_model, tmp_path):
+    """2 processes train on 8 HumanEval problems with the sandboxed code reward, dynamic sampling, overlong shaping
+    and truncated-completion masking; every rank scores its programs in the sandbox, every round."""
+    out = tmp_path / "run"
+    flags = ["--dataset_name", "humaneval", "--dataset_size", "8", "--reward_funcs", "code"]
+    flags += [
+        "--dynamic_sampling",
+        "true",
+        "--dynamic_sampling_max_rounds",
+        "2",
+        "--overlong_buffer_length",
+        "8",
+    ]
+    flags += ["--mask_truncated_completions", "true", "--reward_on_error", "skip"]
+    result = launch_tiny(tiny_model, out, 29731, *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [
+        r for r in json.loads((out / "log_history.json").read_text()) if "sync/probe_max_logprob_diff" in r
+    ]
+    assert len(steps) == 3
+    for row in steps:
+        assert row["rewards/code_reward/mean"] == 0.0  # random text never passes a HumanEval check
+        assert row["rewards/code_reward/errors"] == 0.0  # ...but every program ran and was scored
+        # Random text also hits the length cap: no group has reward variance, so each step runs the first round
+        # plus the 2 extra rounds on fresh prompts, then fills its one group per process with a filtered one.
+        assert row["rewards/overlong_penalty/mean"] == -1.0
+        assert (row["dynamic_sampling/rounds"], row["dynamic_sampling/filtered_groups"]) == (3.0, 3.0)
+        assert row["dynamic_sampling/filled_with_filtered"] == 1.0
+        assert row["sync/probe_max_logprob_diff"] < 1e-4

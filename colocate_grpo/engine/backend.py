@@ -208,6 +208,7 @@ def build_remote_engine(model: torch.nn.Module, args) -> tuple[RemoteEngine, str
             retries=args.vllm_server_retries,
             transport=args.server_transport,
             group_port=args.vllm_group_port,
+            bucket_bytes=int(min(args.vllm_server_message_mb, args.weight_sync_bucket_mb) * (1 << 20)),
         )
     engine = RemoteEngine(client)
     info = engine.wait_until_ready(args.vllm_server_timeout)

@@ -36,6 +36,7 @@ class ServerClient:
         retries (`int`, *optional*, defaults to `2`): extra attempts after a connection error or timeout.
         transport (`str`, *optional*, defaults to `"http"`): weight transport, `"http"` or `"nccl"`.
         group_port (`int`, *optional*, defaults to `51216`): NCCL rendezvous port on this host (nccl transport).
+        bucket_bytes (`int`, *optional*, defaults to `32 MiB`): largest weight message; bigger buckets are split.
     """
 
     def __init__(
@@ -45,22 +46,29 @@ class ServerClient:
         retries: int = 2,
         transport: str = "http",
         group_port: int = 51216,
+        bucket_bytes: int = 32 << 20,
     ):
         self.base_url = base_url.rstrip("/")
         self.request_timeout = request_timeout
         self.retries = retries
         self.transport = transport
         self.group_port = group_port
+        self.bucket_bytes = bucket_bytes
         self._comm = None
 
     # -- plumbing -----------------------------------------------------------------------------------------------
-    def _request(self, path: str, body: dict | bytes | None = None, timeout: float | None = None) -> dict:
+    def _request(
+        self, path: str, body: dict | bytes | tuple | None = None, timeout: float | None = None
+    ) -> dict:
         url = f"{self.base_url}{path}"
         if body is None:
             request = urllib.request.Request(url, method="GET")
-        elif isinstance(body, bytes):
-            headers = {"Content-Type": "application/octet-stream"}
-            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        elif isinstance(
+            body, bytes | tuple
+        ):  # raw bytes, or `(length, chunks)` sent chunk by chunk without a join
+            length, chunks = (len(body), [body]) if isinstance(body, bytes) else body
+            headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
+            request = urllib.request.Request(url, data=chunks, headers=headers, method="POST")
         else:
             headers = {"Content-Type": "application/json"}
             request = urllib.request.Request(
@@ -148,9 +156,13 @@ class ServerClient:
         self._request("/weights/begin", {})
 
     def send_bucket(self, bucket: wire.Bucket) -> int:
-        """Send one bucket of full tensors; returns its bytes. Loaded by the server before this returns."""
+        """Send one bucket of full tensors, in messages of at most `bucket_bytes`; returns the bytes sent. Loaded by
+        the server before this returns."""
+        return sum(self._send_piece(piece) for piece in wire.split_bucket(bucket, self.bucket_bytes))
+
+    def _send_piece(self, bucket: wire.Bucket) -> int:
         if self.transport == "http":
-            return self._request("/weights/bucket", wire.pack_bucket(bucket))["bytes"]
+            return self._request("/weights/bucket", wire.encode_bucket(bucket))["bytes"]
         device = torch.device("cuda", torch.cuda.current_device())
         buffer = wire.flatten_bucket(bucket, device)
         # The server blocks in the NCCL receive while answering, so the announcement runs beside our broadcast.

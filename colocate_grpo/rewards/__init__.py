@@ -17,6 +17,9 @@ REGISTRY: dict[str, str] = {
     "accuracy": "colocate_grpo.rewards.math:accuracy_reward",
     "format": "colocate_grpo.rewards.format:think_answer_format_reward",
     "boxed": "colocate_grpo.rewards.format:boxed_answer_reward",
+    "code": "colocate_grpo.rewards.code:code_reward",
+    "code_binary": "colocate_grpo.rewards.code:code_binary_reward",
+    "reasoning_gym": "colocate_grpo.rewards.tasks:reasoning_gym_reward",
 }
 
 
