@@ -49,11 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
     check_lora_mode(training_args, model_args)
     from .data import load_prompts
-    from .rewards import build_reward_funcs
+    from .rewards import build_reward_funcs, check_reward_inputs
     from .trainer import ColocateGRPOTrainer
 
     reward_funcs = build_reward_funcs(script_args.reward_funcs)
     dataset = load_prompts(script_args, seed=training_args.seed)
+    check_reward_inputs(script_args.reward_funcs, dataset.column_names)
     init_kwargs = dict(training_args.model_init_kwargs or {})
     init_kwargs.setdefault("dtype", model_args.dtype or "auto")
     init_kwargs.setdefault("revision", model_args.model_revision)

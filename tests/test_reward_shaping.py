@@ -214,3 +214,24 @@ def test_humaneval_dataset_has_what_the_code_reward_runs():
     data = humaneval_dataset(3)
     assert len(data) == 3 and {"prompt_code", "test", "entry_point"} <= set(data.column_names)
     assert data[0]["prompt"].endswith(data[0]["prompt_code"])
+
+
+def test_math_style_worked_solutions_are_parsed_for_their_boxed_answer():
+    from colocate_grpo.rewards.math import accuracy_reward
+
+    solution = "We add the two: $3 + 4 = 7$, so the answer is $\\boxed{\\frac{7}{2} \\cdot 2}$."
+    assert accuracy_reward(["\\boxed{7}", "\\boxed{8}"], answer=[solution, solution]) == [1.0, 0.0]
+
+
+def test_reward_missing_its_columns_fails_before_any_model_loads(tiny_model):
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    cmd = [sys.executable, "-m", "colocate_grpo", "--config", "recipes/tiny/colocate_test.yaml"]
+    cmd += ["--model_name_or_path", "/nonexistent/model", "--reward_funcs", "code"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "reward_funcs: 'code' needs dataset columns test+entry_point or tests" in result.stderr
+    assert "nonexistent" not in result.stderr  # failed before trying to load the model

@@ -38,6 +38,32 @@ def _import_dotted(path: str) -> RewardFunc:
     return func
 
 
+# Columns a registered reward reads; any one alternative must be present in the dataset.
+REQUIRED_COLUMNS: dict[str, list[tuple[str, ...]]] = {
+    "accuracy": [("answer",)],
+    "code": [("test", "entry_point"), ("tests",)],
+    "code_binary": [("test", "entry_point"), ("tests",)],
+    "reasoning_gym": [("rg_entry", "task")],
+}
+
+
+def check_reward_inputs(names: list[str], columns: list[str]) -> None:
+    """Before any model loads: every registered reward finds its columns, and code rewards can sandbox here."""
+    for name in names:
+        options = REQUIRED_COLUMNS.get(name)
+        if options and not any(set(option) <= set(columns) for option in options):
+            wanted = " or ".join("+".join(option) for option in options)
+            raise ValueError(
+                f"reward_funcs: {name!r} needs dataset columns {wanted}, but the dataset has {sorted(columns)}; "
+                "pick a dataset that provides them (e.g. dataset_name: humaneval for code, reasoning_gym:<task> for "
+                "reasoning_gym) or another reward."
+            )
+        if name in ("code", "code_binary"):
+            from .sandbox import sandbox_python
+
+            sandbox_python()  # raises SandboxUnavailable with the fix on machines that cannot sandbox
+
+
 def check_reward_names(names: list[str]) -> None:
     """Fail at parse time on names that are neither registered nor importable."""
     for name in names:

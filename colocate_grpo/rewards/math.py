@@ -37,7 +37,10 @@ def accuracy_reward(completions: list, answer: list, **kwargs) -> list[float | N
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     rewards: list[float | None] = []
     for completion, ref in zip(completions, answer):
-        gold = parse(f"${ref}$" if not str(ref).startswith("$") else str(ref), parsing_timeout=timeout)
+        ref = str(ref)
+        # A worked solution (MATH's `solution` column) is parsed as is, to find its \boxed{}; a bare answer in $...$.
+        as_latex = ref if ref.startswith("$") or "\\boxed" in ref else f"${ref}$"
+        gold = parse(as_latex, parsing_timeout=timeout)
         if not gold:
             rewards.append(None)
             continue
