@@ -23,6 +23,12 @@ class RewardOptions:
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no learning signal) and generate
             from new prompts until the batch is full again, at most `dynamic_sampling_max_rounds` extra rounds.
+        code_timeout_s (`float`, *optional*, defaults to `10`):
+            `code` rewards: wall-clock seconds per program run (CPU seconds are capped at the same value).
+        code_memory_mb (`int`, *optional*, defaults to `1024`):
+            `code` rewards: address-space limit per process of a program, MiB.
+        code_max_workers (`int`, *optional*):
+            `code` rewards: programs run at once per training process (default: the cores / local processes).
         dynamic_sampling_max_rounds (`int`, *optional*, defaults to `3`):
             Extra generation rounds per batch; when they run out the batch is filled with filtered groups (whose
             advantages are zero, so they add nothing to the loss).
@@ -43,7 +49,24 @@ class RewardOptions:
         default=3, metadata={"help": "Most extra generation rounds per batch for dynamic sampling."}
     )
 
+    code_timeout_s: float = field(
+        default=10.0, metadata={"help": "Code rewards: wall seconds per program run."}
+    )
+    code_memory_mb: int = field(
+        default=1024, metadata={"help": "Code rewards: memory per program process, MiB."}
+    )
+    code_max_workers: int | None = field(
+        default=None,
+        metadata={"help": "Code rewards: programs at once per process (default: cores / processes)."},
+    )
+
     def check_reward_options(self) -> None:
+        if not self.code_timeout_s > 0 or self.code_memory_mb < 64:
+            raise ValueError(
+                f"code_timeout_s must be > 0 and code_memory_mb >= 64, got {self.code_timeout_s} / {self.code_memory_mb}."
+            )
+        if self.code_max_workers is not None and self.code_max_workers < 1:
+            raise ValueError(f"code_max_workers must be >= 1, got {self.code_max_workers}.")
         if self.overlong_buffer_length < 0:
             raise ValueError(f"overlong_buffer_length must be >= 0, got {self.overlong_buffer_length}.")
         if self.overlong_buffer_length >= self.max_completion_length:

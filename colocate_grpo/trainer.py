@@ -58,6 +58,10 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
 
         with generation_backend(factory):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        if args.dynamic_sampling and not hasattr(self.train_dataset, "__len__"):
+            raise ValueError(
+                "dynamic_sampling draws fresh prompts by index: pass a map-style train_dataset (not streaming)."
+            )
         store = metrics_store(self)
         self.vllm_generation.bind(
             log_metric=lambda name, value: store["train"][name].append(value),

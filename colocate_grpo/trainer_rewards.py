@@ -8,6 +8,7 @@ dynamic sampling) and `_generate_and_score_completions` (repeats rounds until th
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,11 @@ def prepare_reward_funcs(reward_funcs, args) -> list:
     """Guard every plain callable reward (`reward_on_error`) and append the DAPO overlong penalty when
     `overlong_buffer_length > 0`, extending `args.reward_weights` to match."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    from .rewards import code
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    workers = args.code_max_workers or max(1, (os.cpu_count() or 1) // local)
+    code.configure(args.code_timeout_s, args.code_memory_mb, workers)
     if args.overlong_buffer_length > 0:
         if args.reward_weights is None:
             args.reward_weights = [1.0] * len(funcs)

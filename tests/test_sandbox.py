@@ -225,3 +225,18 @@ def test_stdio_tests_score_the_fraction_passed():
     looper = "while True: pass"
     assert code_reward([adder, looper], tests=[tests, tests]) == [2 / 3, 0.0]
     assert code_binary_reward([adder], tests=['{"inputs": ["1 2"], "outputs": ["3"]}']) == [1.0]
+
+
+def test_machine_without_unshare_fails_closed(monkeypatch):
+    """No namespaces -> a clear error with the fix, never an unconfined run."""
+    from colocate_grpo.rewards import sandbox
+
+    sandbox._unshare_prefix.cache_clear()
+    sandbox.sandbox_python.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="needs `unshare` \\(util-linux\\)"):
+            run_program("print('should never run')", "", FAST)
+    finally:
+        sandbox._unshare_prefix.cache_clear()
+        sandbox.sandbox_python.cache_clear()

@@ -14,13 +14,22 @@ pass. Every program of a batch runs in parallel (one process per program, one wo
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from . import completion_text
 from .sandbox import SandboxLimits, run_programs
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
-LIMITS = SandboxLimits()
+LIMITS = SandboxLimits()  # replaced from the recipe's code_* options by `configure`
+MAX_WORKERS: int | None = None
+
+
+def configure(timeout_s: float, memory_mb: int, max_workers: int | None) -> None:
+    """Set the sandbox limits and parallelism the code rewards use (the trainer calls this from the recipe)."""
+    global LIMITS, MAX_WORKERS
+    LIMITS = SandboxLimits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb)
+    MAX_WORKERS = max_workers
 
 
 def extract_code(text: str) -> str:
@@ -74,7 +83,7 @@ def _score(completions, binary: bool, **columns) -> list[float]:
             )
     passed = [0] * len(completions)
     total = [0] * len(completions)
-    for (i, expected), result in zip(owners, run_programs(jobs, LIMITS), strict=True):
+    for (i, expected), result in zip(owners, run_programs(jobs, LIMITS, MAX_WORKERS), strict=True):
         total[i] += 1
         ok = result.status == "ok" and (expected is None or result.stdout.strip() == str(expected).strip())
         passed[i] += int(ok)

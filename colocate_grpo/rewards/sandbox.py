@@ -35,7 +35,7 @@ from pathlib import Path
 _INIT = str(Path(__file__).with_name("_sandbox_init.py"))
 _SETUP_FAILED = 125
 _UIDS = itertools.count()
-_UID_BASE = 2_100_000_000  # far above real users; one uid per concurrent program, so limits never mix
+_UID_BASE = 2_100_000_000  # far above real users (and below 2^31 - 10^7, the largest this adds)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -150,7 +150,8 @@ def _run(python: str, program: str, stdin: str, limits: SandboxLimits) -> RunRes
             "program": str(source),
             "python": python,
             "limits": asdict(limits),
-            "uid": _UID_BASE + next(_UIDS) % 100_000 if root else None,
+            # One uid per concurrent program, distinct across trainer processes too (RLIMIT_NPROC counts per uid).
+            "uid": _UID_BASE + (os.getpid() % 10_000) * 1_000 + next(_UIDS) % 1_000 if root else None,
             # RLIMIT_NPROC counts the real user's processes: in a user namespace that includes the trainer's own.
             "nproc": limits.max_processes if root else limits.max_processes + _user_process_count(),
         }
