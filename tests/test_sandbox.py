@@ -47,6 +47,12 @@ def test_correct_program_reads_stdin_and_runs_fast():
     assert result.seconds < 5
 
 
+def test_program_that_ignores_a_large_input_still_times_out():
+    start = time.monotonic()
+    result = run_program("import time\ntime.sleep(60)\n", "x" * (4 << 20), SandboxLimits(wall_s=1))
+    assert result.status == "timeout" and time.monotonic() - start < 5
+
+
 def test_failed_assert_is_an_error():
     result = run_program("assert 1 == 2, 'nope'", "", FAST)
     assert result.status == "error" and "AssertionError: nope" in result.stderr

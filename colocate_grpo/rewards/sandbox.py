@@ -197,11 +197,15 @@ def _supervise(cmd: list[str], env: dict, stdin: str, limits: SandboxLimits) -> 
     readers = [threading.Thread(target=drain, args=(getattr(proc, k), k), daemon=True) for k in out]
     for reader in readers:
         reader.start()
-    try:
-        proc.stdin.write(stdin.encode())
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass  # it exited (or closed stdin) without reading its input
+
+    def feed() -> None:  # in a thread: a program that never reads a large input must not block the clock
+        try:
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # it exited (or closed stdin) without reading its input
+
+    threading.Thread(target=feed, daemon=True).start()
     timed_out = False
     try:
         proc.wait(timeout=limits.wall_s)
