@@ -83,6 +83,9 @@ def test_overlong_and_dynamic_sampling_options_fail_at_parse_time():
         per_device_train_batch_size=2,
         steps_per_generation=1,
         num_generations=4,
+        code_timeout_s=10.0,
+        code_memory_mb=1024,
+        code_max_workers=None,
     )
     with pytest.raises(ValueError, match="dynamic_sampling needs whole prompt groups"):
         RewardOptions.check_reward_options(SimpleNamespace(**two_procs))
