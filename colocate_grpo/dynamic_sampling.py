@@ -43,10 +43,11 @@ def _rows(batch: dict, rows: torch.Tensor) -> dict:
     }
 
 
-def _pad(t: torch.Tensor, length: int, left: bool) -> torch.Tensor:
+def _pad(t: torch.Tensor, length: int, left: bool, value: int = 0) -> torch.Tensor:
+    """Pad dim 1 of `t` to `length` with `value`, on the left or the right."""
     if t.dim() < 2 or t.shape[1] == length:
         return t
-    pad = torch.zeros(t.shape[0], length - t.shape[1], *t.shape[2:], dtype=t.dtype, device=t.device)
+    pad = torch.full((t.shape[0], length - t.shape[1], *t.shape[2:]), value, dtype=t.dtype, device=t.device)
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
@@ -63,20 +64,10 @@ def concat_batches(parts: list[dict], pad_token_id: int) -> dict:
         tensors = [p[key] for p in parts]
         if value.dim() >= 2:
             length = max(t.shape[1] for t in tensors)
-            left = key in _LEFT_PADDED
-            if key in ("prompt_ids", "completion_ids"):
-                tensors = [_pad_ids(t, length, left, pad_token_id) for t in tensors]
-            else:
-                tensors = [_pad(t, length, left) for t in tensors]
+            value = pad_token_id if key in ("prompt_ids", "completion_ids") else 0
+            tensors = [_pad(t, length, key in _LEFT_PADDED, value) for t in tensors]
         out[key] = torch.cat(tensors, dim=0)
     return out
-
-
-def _pad_ids(t: torch.Tensor, length: int, left: bool, pad_token_id: int) -> torch.Tensor:
-    if t.shape[1] == length:
-        return t
-    pad = torch.full((t.shape[0], length - t.shape[1]), pad_token_id, dtype=t.dtype, device=t.device)
-    return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
 def fill_batch(

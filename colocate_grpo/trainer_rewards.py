@@ -86,9 +86,8 @@ class RewardShapingMixin:
         )
         loss_mask = batch["completion_mask"] * batch.get("tool_mask", 1)
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        mode = "train"
         for name, value in stats.items():
-            self._metrics[mode][f"dynamic_sampling/{name}"].append(value)
+            self._metrics["train"][f"dynamic_sampling/{name}"].append(value)
         return batch
 
     def _fresh_inputs(self, count: int, round_index: int) -> list[dict]:

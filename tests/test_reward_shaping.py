@@ -74,21 +74,11 @@ def test_overlong_and_dynamic_sampling_options_fail_at_parse_time():
         ColocateGRPOConfig(output_dir="/tmp/x", max_completion_length=64, overlong_buffer_length=64)
     # 2 processes x 2 prompts: TRL accepts the global batch of 4 = one group of 4, but each process would hold
     # half a group; dynamic sampling filters whole groups per process.
-    two_procs = dict(
-        overlong_buffer_length=0,
-        overlong_penalty_factor=1.0,
-        max_completion_length=64,
-        dynamic_sampling_max_rounds=3,
-        dynamic_sampling=True,
-        per_device_train_batch_size=2,
-        steps_per_generation=1,
-        num_generations=4,
-        code_timeout_s=10.0,
-        code_memory_mb=1024,
-        code_max_workers=None,
-    )
+    options = RewardOptions(dynamic_sampling=True)
+    options.max_completion_length, options.num_generations = 64, 4
+    options.per_device_train_batch_size, options.steps_per_generation = 2, 1
     with pytest.raises(ValueError, match="dynamic_sampling needs whole prompt groups"):
-        RewardOptions.check_reward_options(SimpleNamespace(**two_procs))
+        options.check_reward_options()
 
 
 def _fake_batch(rows: int, completion_len: int, prompt_len: int, tag: int) -> dict:

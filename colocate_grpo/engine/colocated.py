@@ -14,16 +14,13 @@ every packed layer after loading. A vLLM upgrade that moves any of this should o
 from __future__ import annotations
 
 import atexit
-import contextlib
-import glob
 import os
-import time
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
-from .runtime import configure_cpu_runtime, ensure_process_group, make_tp_group
+from .runtime import configure_cpu_runtime, ensure_process_group, make_tp_group, unlink_shm, unlink_stale_shm
 from .sampling import Rollouts, SamplingConfig
 
 __all__ = ["ColocatedEngine", "SamplingConfig", "Rollouts", "configure_cpu_runtime"]
@@ -59,7 +56,7 @@ def _unique_cpu_shm_names() -> None:
     """
     from vllm.distributed.device_communicators import cpu_communicator
 
-    _unlink_stale_shm()
+    unlink_stale_shm()
     token = [f"{os.getpid()}x{os.urandom(4).hex()}" if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(token, src=0)
     prefix = f"cgrpo{token[0]}"
@@ -69,23 +66,7 @@ def _unique_cpu_shm_names() -> None:
         return f"{prefix}-{communicator.unique_name}-[{ranks}]-cpushm"
 
     cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
-    atexit.register(_unlink_shm, prefix)
-
-
-def _unlink_stale_shm(min_age_s: float = 600.0) -> None:
-    """Remove segments a killed job left: named after a rank-0 pid that no longer runs, untouched for 10 min."""
-    for path in glob.glob("/dev/shm/cgrpo*x*-cpushm*"):
-        pid = os.path.basename(path)[len("cgrpo") :].split("x", 1)[0]
-        with contextlib.suppress(OSError, ValueError):
-            if time.time() - os.path.getmtime(path) > min_age_s and not os.path.exists(f"/proc/{int(pid)}"):
-                os.unlink(path)
-
-
-def _unlink_shm(prefix: str) -> None:
-    """Remove this job's `/dev/shm` segments at exit (the mappings of ranks still running stay valid)."""
-    for path in glob.glob(f"/dev/shm/{prefix}*"):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    atexit.register(unlink_shm, prefix)
 
 
 def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -> int:

@@ -1,11 +1,15 @@
-"""Process-level set-up shared by the colocated engine and the server: CPU threads, the process group, TP groups.
+"""Process-level set-up shared by the colocated engine and the server: CPU threads, the process group, TP groups,
+and clean-up of the engine's `/dev/shm` segments (named `cgrpo<rank-0 pid>x<token>-...` by `engine.colocated`).
 
 vLLM-free, so it can be imported (and tested) without vLLM installed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -66,3 +70,19 @@ def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
     groups = [list(range(i, i + tensor_parallel_size)) for i in range(0, world, tensor_parallel_size)]
     group, _ = dist.new_subgroups_by_enumeration(groups)
     return group
+
+
+def unlink_stale_shm(min_age_s: float = 600.0) -> None:
+    """Remove segments a killed job left: named after a rank-0 pid that no longer runs, untouched for 10 min."""
+    for path in glob.glob("/dev/shm/cgrpo*x*-cpushm*"):
+        pid = os.path.basename(path)[len("cgrpo") :].split("x", 1)[0]
+        with contextlib.suppress(OSError, ValueError):
+            if time.time() - os.path.getmtime(path) > min_age_s and not os.path.exists(f"/proc/{int(pid)}"):
+                os.unlink(path)
+
+
+def unlink_shm(prefix: str) -> None:
+    """Remove this job's `/dev/shm` segments at exit (the mappings of ranks still running stay valid)."""
+    for path in glob.glob(f"/dev/shm/{prefix}*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
