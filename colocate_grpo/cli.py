@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import trl
 
-from .config import ColocateGRPOConfig, ScriptArguments
+from .config import ColocateGRPOConfig, ScriptArguments, check_engine_dtype
 
 
 @dataclass
@@ -45,9 +45,23 @@ def check_lora_mode(training_args: ColocateGRPOConfig, model_args: ModelArgument
         )
 
 
+def check_model_dtypes(training_args: ColocateGRPOConfig, model_args: ModelArguments) -> None:
+    """The engine dtype against the checkpoint's model type and the GPU, from the local config.json (no download)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    config = Path(model_args.model_name_or_path) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    check_engine_dtype(training_args.vllm_dtype, model_type, capability)
+
+
 def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
     check_lora_mode(training_args, model_args)
+    check_model_dtypes(training_args, model_args)
     from .data import load_prompts
     from .rewards import build_reward_funcs, check_reward_inputs
     from .trainer import ColocateGRPOTrainer

@@ -55,3 +55,26 @@ def plain_token_logps(
             with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
                 entropies.append(entropy_from_logits(logits))
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
+
+
+@torch.no_grad()
+def mismatch_sums(
+    trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-token train-inference mismatch of the sampled tokens, summed for averaging across ranks.
+
+    Args:
+        trainer_logps (`torch.Tensor`): the trainer's logprobs of the sampled tokens, shape `[batch, C]`.
+        sampling_logps (`torch.Tensor`): the engine's logprobs of the same tokens when it sampled them, `[batch, C]`
+            (NaN where the engine gave none).
+        mask (`torch.Tensor`): 1 for completion tokens, shape `[batch, C]`.
+
+    Returns:
+        `torch.Tensor`: `[sum of KL(engine || trainer) estimates, sum of |logprob difference|, token count]`, float32.
+        The KL estimate per token is `r - 1 - log r` with `r = p_trainer / p_engine` (Schulman's k3): unbiased for
+        tokens drawn from the engine, never negative, and 0 exactly when the two agree.
+    """
+    valid = mask.bool() & torch.isfinite(sampling_logps)
+    log_ratio = (trainer_logps.detach().float() - sampling_logps.float()).masked_fill(~valid, 0.0)
+    kl = torch.exp(log_ratio) - 1 - log_ratio
+    return torch.stack([kl.sum(), log_ratio.abs().sum(), valid.sum().float()])

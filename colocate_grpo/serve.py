@@ -44,7 +44,8 @@ class ServeArgs:
         host (`str`, *optional*, defaults to `"127.0.0.1"`): interface to bind; loopback unless set explicitly.
         port (`int`, *optional*, defaults to `8000`): HTTP port.
         tensor_parallel_size (`int`, *optional*, defaults to `1`): processes (GPUs) holding one model replica.
-        dtype (`str`, *optional*, defaults to `"auto"`): engine dtype; `auto` is float32 on CPU.
+        dtype (`str`, *optional*): engine dtype; `auto` is vLLM's rule; unset, the trainer's default
+            (`colocate_grpo.engine.runtime.default_engine_dtype`: auto on GPU, per-CPU choice on CPU).
         max_model_len (`int`, *optional*): prompt + completion tokens per sequence.
         max_num_seqs (`int`, *optional*, defaults to `256`): largest batch vLLM schedules at once.
         gpu_memory_utilization (`float`, *optional*, defaults to `0.9`): GPU memory fraction for vLLM.
@@ -62,7 +63,10 @@ class ServeArgs:
     )
     port: int = field(default=8000, metadata={"help": "HTTP port."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "Processes per model replica."})
-    dtype: str = field(default="auto", metadata={"help": "Engine dtype (auto = float32 on CPU)."})
+    dtype: str | None = field(
+        default=None,
+        metadata={"help": "Engine dtype (auto = vLLM's rule; unset: auto on GPU, fastest on CPU)."},
+    )
     max_model_len: int | None = field(default=None, metadata={"help": "Prompt + completion tokens."})
     max_num_seqs: int = field(default=256, metadata={"help": "Largest batch vLLM schedules at once."})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "GPU memory fraction for vLLM."})
@@ -99,6 +103,7 @@ class EngineHost:
 
     def __init__(self, args: ServeArgs):
         from .engine.colocated import ColocatedEngine
+        from .engine.runtime import default_engine_dtype
 
         lora = None
         if args.max_lora_rank:
@@ -107,7 +112,7 @@ class EngineHost:
         self.engine = ColocatedEngine(
             args.model,
             tensor_parallel_size=args.tensor_parallel_size,
-            dtype=args.dtype if args.dtype != "auto" or torch.cuda.is_available() else "float32",
+            dtype=args.dtype or default_engine_dtype(),
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -147,6 +152,8 @@ class EngineHost:
         if op == "reset_prefix_cache":
             self.engine.llm.reset_prefix_cache()
             return {}
+        if op == "weights_digest":
+            return {"groups": self.engine.weights_digest()}
         if op == "begin":
             self.loaded, self.count, self.messages = set(), 0, 0
             return {}
@@ -158,6 +165,9 @@ class EngineHost:
             device = torch.cuda.current_device()
             self.comm = wire.nccl_group(payload["host"], payload["port"], rank, payload["world_size"], device)
             return {}
+        if op == "nccl_announce":  # answered before the trainer broadcasts: a rejection here blocks nobody
+            self._check_nccl_layout(payload["layout"])
+            return {"accepted": True}
         if op == "nccl_bucket":
             return self._receive_nccl(payload["layout"])
         if op == "end":
@@ -177,9 +187,13 @@ class EngineHost:
         self.count += len(bucket)
         return {"tensors": len(bucket), "bytes": sum(t.numel() * t.element_size() for _, t in bucket)}
 
-    def _receive_nccl(self, layout: list[dict]) -> dict:
+    def _check_nccl_layout(self, layout: list[dict]) -> None:
         if self.comm is None:
             raise RuntimeError("NCCL weight transport used before /weights/nccl/init.")
+        wire.layout_bytes(layout)  # raises on a malformed layout (unknown dtype, bad shape)
+
+    def _receive_nccl(self, layout: list[dict]) -> dict:
+        self._check_nccl_layout(layout)
         buffer = torch.empty(wire.layout_bytes(layout), dtype=torch.uint8, device="cuda")
         self.comm.broadcast(buffer, src=0)  # the trainer's main process is rank 0 of the group
         wire.wait_for_stream(600, "NCCL weight bucket receive")
@@ -194,8 +208,10 @@ ROUTES = {
     "/weights/begin": ("begin", "json"),
     "/weights/bucket": ("bucket", "bytes"),
     "/weights/end": ("end", "json"),
+    "/weights/digest": ("weights_digest", "json"),
     "/weights/adapter": ("adapter", "bytes"),
     "/weights/nccl/init": ("nccl_init", "json"),
+    "/weights/nccl/announce": ("nccl_announce", "json"),
     "/weights/nccl/bucket": ("nccl_bucket", "json"),
 }
 

@@ -13,13 +13,14 @@ Launch multi-process runs with `accelerate launch` (see accelerate_configs/) or 
 
 from __future__ import annotations
 
+import torch
 import trl
 
 from ._compat import generation_backend, metrics_store
 from .config import ColocateGRPOConfig
 from .engine.backend import ColocatedGeneration, build_generation
 from .launch import cpu_sharding_support, fix_cpu_accelerator
-from .logprobs import plain_token_logps
+from .logprobs import mismatch_sums, plain_token_logps
 from .plotting import MetricsPlotCallback
 from .trainer_rewards import RewardShapingMixin, prepare_reward_funcs
 
@@ -63,12 +64,50 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
                 "dynamic_sampling draws fresh prompts by index: pass a map-style train_dataset (not streaming)."
             )
         store = metrics_store(self)
+        self._sampling_inputs = None  # (sampling logprobs, mask) of the batch `_compute_loss` is scoring
+        engine_dtype = self.vllm_generation.engine.dtype
+        if self.vllm_importance_sampling_correction and {engine_dtype, self.model.dtype} == {torch.float32}:
+            # float32 on both sides: the probe verifies the engine's logprobs to 1e-3 (measured <= 1e-4) after every
+            # sync, so the importance-sampling ratio is 1 within 1e-4 and its extra forward pass buys nothing.
+            self.vllm_importance_sampling_correction = False
         self.vllm_generation.bind(
             log_metric=lambda name, value: store["train"][name].append(value),
             step_fn=lambda: self.state.global_step,
             model_fn=lambda: self.model_wrapped,
         )
         self.add_callback(MetricsPlotCallback(plot=args.plot_metrics))
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's input preparation (generation, rewards, advantages); then the engine may free its GPU memory for the
+        training step (sleep mode), since this step will not generate again."""
+        inputs = super()._prepare_inputs(generation_batch)
+        self.vllm_generation.release(training=self.model.training)
+        return inputs
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss; the engine's sampling logprobs are kept aside so the trainer's logprobs of the same tokens,
+        computed inside, can be compared with them (`sampling/train_inference_*` metrics)."""
+        if inputs.get("sampling_per_token_logps") is not None:
+            mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+            self._sampling_inputs = (inputs["sampling_per_token_logps"], mask)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._sampling_inputs = None
+
+    def _log_mismatch(self, logps) -> None:
+        """Log the train-inference mismatch of the sampled tokens (once per loss forward, averaged over ranks): what
+        a reduced-precision engine costs, visible every step."""
+        sampling, mask = self._sampling_inputs
+        self._sampling_inputs = None  # only the loss forward itself, not nested calls
+        if sampling.shape != logps.shape:
+            return
+        kl, abs_diff, count = (
+            self.accelerator.gather(mismatch_sums(logps, sampling, mask)[None]).sum(0).tolist()
+        )
+        store = metrics_store(self)["train" if self.model.training else "eval"]
+        store["sampling/train_inference_kl"].append(kl / max(count, 1.0))
+        store["sampling/train_inference_abs_logprob_diff"].append(abs_diff / max(count, 1.0))
 
     def create_accelerator_and_postprocess(self) -> None:
         """accelerate's Accelerator, with FSDP / DeepSpeed really enabled on CPU (see `colocate_grpo.launch`)."""
@@ -92,7 +131,7 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
         each `[batch, logits_to_keep]` (aux_loss a scalar or None)."""
         use_plain = self.args.resolved_logprob_impl == "plain" and not compute_aux_loss
         if not use_plain or any(v is not None for v in multimodal.values()):
-            return super()._get_per_token_logps_and_entropies(
+            result = super()._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
@@ -102,6 +141,9 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
                 compute_aux_loss,
                 **multimodal,
             )
+            if self._sampling_inputs is not None:
+                self._log_mismatch(result[0])
+            return result
         with self.accelerator.autocast():
             logps, entropies = plain_token_logps(
                 model,
@@ -113,4 +155,6 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
                 compute_entropy,
                 entropy_requires_grad=self.args.entropy_coef > 0 or self.args.use_adaptive_entropy,
             )
+        if self._sampling_inputs is not None:
+            self._log_mismatch(logps)
         return logps, entropies, None

@@ -20,3 +20,11 @@ def test_adapter_only_sync_serves_the_live_adapter_and_moves_megabytes(tiny_mode
     assert first > r["merged_bytes"]  # first sync: base weights + adapter
     assert second < 0.05 * r["merged_bytes"]  # later syncs: the adapter only
     assert r["generated"] == 4
+    # Sleep mode (vLLM's calls recorded): an adapter-only sync wakes the weights before it touches the adapter slots
+    # (which live with them), and a level-2 sleep refuses to generate until every discarded weight is reloaded.
+    sleep = r["sleep"]
+    assert sleep["adapter_step"][0] == ["sleep", 1]  # release() after generation; level 1: the base is frozen
+    assert sleep["adapter_step"][1] == ["wake", ["weights"]]  # load_adapter, before installing the adapter
+    assert "discarded by a level-2 sleep" in sleep["generate_after_level2"]
+    assert "discarded by a level-2 sleep" in sleep["generate_after_partial_reload"]
+    assert sleep["generated_after_reload"]

@@ -114,3 +114,22 @@ def test_fsdp1_without_orig_params_is_rejected_before_loading(tmp_path, monkeypa
     monkeypatch.setenv("FSDP_USE_ORIG_PARAMS", "false")
     with pytest.raises(ValueError, match="fsdp_use_orig_params"):
         parse(tmp_path, BASE)
+
+
+def test_impossible_engine_dtype_is_a_named_error_before_loading(tmp_path):
+    from colocate_grpo.cli import main
+    from colocate_grpo.config import check_engine_dtype
+
+    with pytest.raises(ValueError, match="vllm_dtype=bfloat16: this GPU .compute capability 7.5"):
+        check_engine_dtype("bfloat16", "llama", (7, 5))
+    check_engine_dtype("bfloat16", "llama", (8, 0))
+    # Through the CLI: a bf16-only model type asked to run in float16 stops at parse time (the folder holds only a
+    # config: nothing could be loaded, and nothing is).
+    model = tmp_path / "gemma"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "gemma2"}')
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**BASE, "model_name_or_path": str(model), "vllm_dtype": "float16"}))
+    with pytest.raises(ValueError, match="vllm_dtype=float16: vLLM cannot run gemma2 models in float16"):
+        main(["--config", str(recipe)])
+    check_engine_dtype("auto", "gemma2", None)  # vLLM's own rule never picks float16 for them

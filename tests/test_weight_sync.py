@@ -88,3 +88,30 @@ def test_weight_buckets_cover_every_tensor_in_order(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     buckets = list(weight_buckets(model, bucket_bytes=1 << 20))
     assert [n for b in buckets for n, _ in b] == [n for n, _ in weight_source(model)]
+
+
+def test_merged_lora_on_a_plain_model_respects_the_bucket_cap(tiny_model):
+    """Merged tensors are new copies: a plain (DDP) model's LoRA-merged layers are bucketed under the byte cap,
+    while a model without LoRA (views only) stays one bucket."""
+    from peft import LoraConfig, get_peft_model
+
+    from colocate_grpo.weight_sync import weight_buckets
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert len(list(weight_buckets(base, bucket_bytes=1 << 16))) == 1
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "down_proj"])
+    )
+    cap = 200_000  # bytes; one merged up_proj/down_proj is 128 x 256 x 4 = 131 kB
+    buckets = [[(n, t) for n, t in bucket] for bucket in weight_buckets(model, bucket_bytes=cap)]
+    assert len(buckets) > 2
+    merged = ("q_proj", "up_proj", "down_proj")
+    for bucket in buckets:
+        assert (
+            sum(
+                t.numel() * t.element_size()
+                for n, t in bucket
+                if n.endswith(tuple(f"{m}.weight" for m in merged))
+            )
+            <= cap
+        )

@@ -11,17 +11,26 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from ..weight_sync import SyncProbe
+from ..weight_sync.digest import DigestCheck
 from ..weight_sync.sources import adapter_source, local_fraction, unwrap, weight_buckets
 from .colocated import ColocatedEngine
 from .remote import RemoteEngine
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, request_seed
 
 MetricSink = Callable[[str, float], None]
+
+
+def _now() -> float:
+    """Wall clock after the GPU's queued work: timings of asynchronous CUDA work would otherwise end too early."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 class ColocatedGeneration:
@@ -41,6 +50,14 @@ class ColocatedGeneration:
         lora_mode (`str`, *optional*, defaults to `"merged"`):
             For PEFT LoRA policies: `"merged"` sends base weights with the adapters merged in; `"adapter"` sends the
             frozen base once, then only the adapter factors (the engine must be built with LoRA support).
+        digest (`DigestCheck`, *optional*):
+            Exact check, after every sync that loads base weights, that the engine holds what was sent.
+        seed (`int`, *optional*):
+            Base of the per-request sampling seeds (mixed with the step and the call within it); `None` leaves
+            sampling to the engine's global RNG.
+        sleep_level (`int`, *optional*, defaults to `1`):
+            Sleep-mode level used by `release` in training: 2 only when every weight is re-sent at every sync and
+            every training generation follows a sync (see `sleep_level_for`).
     """
 
     def __init__(
@@ -51,8 +68,16 @@ class ColocatedGeneration:
         probe: SyncProbe | None = None,
         bucket_bytes: int | None = 256 << 20,
         lora_mode: str = "merged",
+        digest: DigestCheck | None = None,
+        seed: int | None = 0,
+        sleep_level: int = 1,
     ):
         self.lora_mode = lora_mode
+        self.digest, self.seed, self.sleep_level = digest, seed, sleep_level
+        self._calls = (
+            -1,
+            0,
+        )  # (step, generate calls in that step): the seed of the next call derives from it
         self._base_sent = False  # frozen tensors reach the engine once, with the first sync
         self.model_fn: Callable[[], torch.nn.Module] = lambda: model
         self.bucket_bytes = bucket_bytes
@@ -80,43 +105,57 @@ class ColocatedGeneration:
             self.model_fn = model_fn
 
     def sync_weights(self) -> None:
-        """Push the current policy weights into the engine, then verify them with the probe.
+        """Push the current policy weights into the engine, then verify them: the digest (exact: the engine holds
+        what was sent) and the probe (the engine computes what the trainer computes).
 
         Every rank calls this once per optimizer step (TRL tracks the last loaded step), so gathers inside the
-        source line up across ranks and the probe's max-reduction sees every rank.
+        source line up across ranks and the verifications' reductions see every rank.
         """
         model = self.model_fn()
-        start = time.perf_counter()
+        start = _now()
         if self.lora_mode == "adapter":
-            count, nbytes = self._sync_adapter(model)
+            count, nbytes, base_loaded = self._sync_adapter(model)
         else:
             buckets = weight_buckets(model, self.bucket_bytes, trainable_only=self._base_sent)
-            count, nbytes = self.engine.load_buckets(buckets)
-            self._base_sent = True
-        seconds = time.perf_counter() - start
+            count, nbytes = self.engine.load_buckets(self.digest.track(buckets) if self.digest else buckets)
+            self._base_sent = base_loaded = True
+        seconds = _now() - start
         self.sync_count += 1
         self.log_metric("sync/seconds", seconds)
         self.log_metric("sync/bytes", float(nbytes))
         self.log_metric("sync/tensors", float(count))
         self.log_metric("sync/gbytes_per_second", nbytes / max(seconds, 1e-9) / 1e9)
         self.log_metric("sync/local_param_fraction", local_fraction(model))
+        start = _now()
+        if self.digest is not None and base_loaded:
+            self.log_metric(
+                "sync/digest_mismatched_layers", float(len(self.digest.check(self.engine, self.step_fn())))
+            )
         if self.probe is not None:
-            diff = self.probe.check(model, self.engine, self.step_fn())
-            self.log_metric("sync/probe_max_logprob_diff", diff)
+            stats = self.probe.check(model, self.engine, self.step_fn())
+            self.log_metric("sync/probe_max_logprob_diff", stats["max"])
+            self.log_metric("sync/probe_mean_logprob_diff", stats["mean"])
+        self.log_metric("sync/verify_seconds", _now() - start)
 
-    def _sync_adapter(self, model: torch.nn.Module) -> tuple[int, int]:
+    def _sync_adapter(self, model: torch.nn.Module) -> tuple[int, int, bool]:
         """Adapter-only sync: the frozen base weights once (first sync), then the LoRA factors every time."""
         count = nbytes = 0
-        if not self._base_sent:
-            count, nbytes = self.engine.load_buckets(
-                weight_buckets(model, self.bucket_bytes, merge_lora=False)
-            )
+        base_loaded = not self._base_sent
+        if base_loaded:
+            buckets = weight_buckets(model, self.bucket_bytes, merge_lora=False)
+            count, nbytes = self.engine.load_buckets(self.digest.track(buckets) if self.digest else buckets)
             self._base_sent = True
         # Copied out of the gather buffers (freed bucket by bucket); adapters are megabytes.
         tensors = {name: t.clone() for name, t in adapter_source(model, self.bucket_bytes)}
         peft_model = unwrap(model)
         config = peft_model.peft_config[peft_model.active_adapter].to_dict()
-        return count + len(tensors), nbytes + self.engine.load_adapter(tensors, config)
+        return count + len(tensors), nbytes + self.engine.load_adapter(tensors, config), base_loaded
+
+    def release(self, training: bool) -> None:
+        """Let the engine free its GPU memory (sleep mode) once a step's generations are done: the trainer calls this
+        after preparing its inputs. Level 2 (weights discarded) only in training, where the next generation always
+        follows a full sync; after evaluation generations, training may still generate on these weights."""
+        self.engine.sleep(self.sleep_level if training else 1)
 
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None) -> tuple:
         """Generate one completion per prompt id list (TRL has already repeated each prompt `num_generations` times).
@@ -127,10 +166,17 @@ class ColocatedGeneration:
         """
         if images is not None and any(img is not None for img in images):
             raise NotImplementedError("ColocateGRPOTrainer does not support image prompts yet.")
-        start = time.perf_counter()
+        step, calls = self._calls
+        self._calls = (self.step_fn(), calls + 1 if step == self.step_fn() else 1)
+        sampling = self.sampling
+        if (
+            self.seed is not None
+        ):  # a function of (seed, step, call): a resumed run draws what it would have drawn
+            sampling = replace(sampling, seed=request_seed(self.seed, self._calls[0], self._calls[1]))
+        start = _now()
         with profiler or nullcontext():
-            out = self.engine.generate(prompts, self.sampling)
-        seconds = time.perf_counter() - start
+            out = self.engine.generate(prompts, sampling)
+        seconds = _now() - start
         tokens = sum(len(c) for c in out.completion_ids)
         self.log_metric("generation/seconds", seconds)
         self.log_metric("generation/tokens_per_second", tokens / max(seconds, 1e-9))
@@ -141,14 +187,18 @@ class ColocatedGeneration:
 def build_generation(
     model: torch.nn.Module, processing_class, args, max_num_seqs: int
 ) -> ColocatedGeneration:
-    """Build engine, sampling and probe from a `ColocateGRPOConfig` (the trainer's one entry point here)."""
-    from ..weight_sync.probe import default_tolerance
+    """Build engine, sampling and verifications from a `ColocateGRPOConfig` (the trainer's one entry point here).
+
+    Everything that depends on the engine's precision (probe statistic and tolerance, digest dtype) reads the dtype
+    the engine really resolved after it was built, not the `vllm_dtype` string.
+    """
+    from ..weight_sync.probe import probe_settings
 
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if args.vllm_mode == "server":
-        engine, dtype = build_remote_engine(model, args)
+        engine = build_remote_engine(model, args)
     else:
-        engine, dtype = build_colocated_engine(model, args, max_num_seqs)
+        engine = build_colocated_engine(model, args, max_num_seqs)
     sampling = SamplingConfig(
         max_tokens=args.max_completion_length,
         temperature=args.temperature,
@@ -160,23 +210,43 @@ def build_generation(
     )
     probe = None
     if args.weight_sync_probe:
-        dtype = dtype if dtype != "auto" else model.dtype
-        tolerance = args.weight_sync_probe_tolerance or default_tolerance(dtype)
-        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance)
-    bucket_bytes = int(args.weight_sync_bucket_mb * (1 << 20))
-    return ColocatedGeneration(model, engine, sampling, probe, bucket_bytes, args.weight_sync_lora_mode)
+        statistic, tolerance = probe_settings(engine.dtype, model.dtype)
+        tolerance = args.weight_sync_probe_tolerance or tolerance
+        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance, statistic)
+    digest = DigestCheck(engine.dtype) if args.weight_sync_digest else None
+    return ColocatedGeneration(
+        model,
+        engine,
+        sampling,
+        probe,
+        bucket_bytes=int(args.weight_sync_bucket_mb * (1 << 20)),
+        lora_mode=args.weight_sync_lora_mode,
+        digest=digest,
+        seed=args.seed,
+        sleep_level=sleep_level_for(model, args),
+    )
 
 
-def build_colocated_engine(model: torch.nn.Module, args, max_num_seqs: int) -> tuple[ColocatedEngine, str]:
-    """This rank's in-process engine, and its dtype name."""
+def sleep_level_for(model: torch.nn.Module, args) -> int:
+    """2 (discard weights while asleep) when that is safe and saves two GPU<->host copies of the model per step:
+    every parameter is trainable, so each sync re-sends every weight (frozen ones are sent once only), and every
+    training generation starts a new optimizer step, so a sync always comes first. 1 otherwise."""
+    full_finetune = all(p.requires_grad for p in model.parameters())
+    generate_every = args.steps_per_generation * args.num_iterations
+    return 2 if full_finetune and generate_every % args.gradient_accumulation_steps == 0 else 1
+
+
+def build_colocated_engine(model: torch.nn.Module, args, max_num_seqs: int) -> ColocatedEngine:
+    """This rank's in-process engine."""
     from .colocated import configure_cpu_runtime
+    from .runtime import default_engine_dtype
 
     configure_cpu_runtime(args.local_world_size, args.vllm_cpu_kvcache_space_gb)
     lora = engine_lora_settings(model) if args.weight_sync_lora_mode == "adapter" else None
-    engine = ColocatedEngine(
+    return ColocatedEngine(
         model.name_or_path,
         tensor_parallel_size=args.vllm_tensor_parallel_size,
-        dtype=args.engine_dtype,
+        dtype=args.vllm_dtype or default_engine_dtype(),
         max_model_len=args.vllm_max_model_length,
         max_num_seqs=max_num_seqs,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
@@ -185,11 +255,10 @@ def build_colocated_engine(model: torch.nn.Module, args, max_num_seqs: int) -> t
         seed=args.seed,
         lora=lora,
     )
-    return engine, args.engine_dtype
 
 
-def build_remote_engine(model: torch.nn.Module, args) -> tuple[RemoteEngine, str]:
-    """The collective stand-in for the server (every rank), after rank 0 found it healthy; and the server's dtype.
+def build_remote_engine(model: torch.nn.Module, args) -> RemoteEngine:
+    """The collective stand-in for the server (every rank), after rank 0 found it healthy.
 
     Raises `ServerError` on every rank if no server answers within `vllm_server_timeout`, and `ValueError` if the
     server cannot take this run's weight updates.
@@ -223,7 +292,7 @@ def build_remote_engine(model: torch.nn.Module, args) -> tuple[RemoteEngine, str
         raise ValueError(
             f"vllm_server_weight_transport=nccl: the server at {args.server_url} runs on CPU; use http."
         )
-    return engine, info["dtype"]
+    return engine
 
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

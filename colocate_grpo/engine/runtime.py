@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -59,6 +61,50 @@ def ensure_process_group() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
+def local_rank(rank: int, world: int) -> int:
+    """This process's index on its machine, which vLLM's external_launcher reads from `LOCAL_RANK` (the GPU it
+    drives; on CPU, the cores it binds). The global rank is right only on the first node, so it is never a fallback
+    beyond one process."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()  # the trainer already put this rank on its GPU
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return rank % int(os.environ["LOCAL_WORLD_SIZE"])
+    if world == 1:
+        return 0
+    raise RuntimeError(
+        f"LOCAL_RANK is not set for rank {rank} of {world}: launch with torchrun or accelerate launch (they set it), "
+        "or export LOCAL_RANK (this process's index on its machine) yourself."
+    )
+
+
+@contextlib.contextmanager
+def preserved_global_state() -> Iterator[None]:
+    """Restore the trainer's RNG states and float32 matmul precision after vLLM code ran.
+
+    Building an `LLM` reseeds `random`, numpy and torch (CPU and every CUDA device) with the engine seed and sets
+    `torch.set_float32_matmul_precision` from its own environment; unseeded sampling draws from the global
+    generators. Without this the trainer's dropout masks and data order would depend on the engine.
+    """
+    import numpy as np
+
+    precision = torch.get_float32_matmul_precision()
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda_states = (
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
 def make_tp_group(tensor_parallel_size: int) -> dist.ProcessGroup | None:
     """Create the tensor-parallel groups `[0..T-1], [T..2T-1], ...` and return this rank's group.
 
@@ -86,3 +132,22 @@ def unlink_shm(prefix: str) -> None:
     for path in glob.glob(f"/dev/shm/{prefix}*"):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16); x86 Linux flags, False elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def default_engine_dtype() -> str:
+    """The engine dtype when the recipe sets none: vLLM's own `"auto"` on GPU; on CPU the faster of the two, measured
+    on SmolLM2-135M decode (docs/PERFORMANCE.md): bfloat16 where the CPU has native bf16 (182 vs 81 tok/s),
+    float32 where bf16 is emulated (AVX2 only: 103 vs 27 tok/s)."""
+    if torch.cuda.is_available():
+        return "auto"
+    return "bfloat16" if cpu_has_native_bf16() else "float32"

@@ -146,6 +146,12 @@ class ServerClient:
         out = self._request("/prompt_logprobs", {"token_ids": list(token_ids)})
         return torch.tensor(out["logprobs"], dtype=torch.float64)
 
+    def weights_digest(self) -> dict[str, tuple[int, int]]:
+        """Per-layer-group digest of the weights the server holds (`ColocatedEngine.weights_digest`)."""
+        return {
+            group: tuple(value) for group, value in self._request("/weights/digest", {})["groups"].items()
+        }
+
     def reset_prefix_cache(self) -> None:
         self._request("/reset_prefix_cache", {})
 
@@ -163,13 +169,15 @@ class ServerClient:
     def _send_piece(self, bucket: wire.Bucket) -> int:
         if self.transport == "http":
             return self._request("/weights/bucket", wire.encode_bucket(bucket))["bytes"]
+        layout = wire.bucket_layout(bucket)
+        # The server must accept the bucket before we broadcast: a broadcast it never joins (rejected request,
+        # transport not initialised) would block this process on the GPU. A rejection raises ServerError here.
+        self._request("/weights/nccl/announce", {"layout": layout})
         device = torch.device("cuda", torch.cuda.current_device())
         buffer = wire.flatten_bucket(bucket, device)
         # The server blocks in the NCCL receive while answering, so the announcement runs beside our broadcast.
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer = pool.submit(
-                self._request, "/weights/nccl/bucket", {"layout": wire.bucket_layout(bucket)}
-            )
+            answer = pool.submit(self._request, "/weights/nccl/bucket", {"layout": layout})
             self._comm.broadcast(buffer, src=0)
             wire.wait_for_stream(self.request_timeout, f"NCCL broadcast to {self.base_url}")
             return answer.result()["bytes"]

