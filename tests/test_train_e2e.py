@@ -127,3 +127,55 @@ def test_code_reward_training_on_humaneval_with_dapo_options(tiny_model, tmp_pat
         assert (row["dynamic_sampling/rounds"], row["dynamic_sampling/filtered_groups"]) == (3.0, 3.0)
         assert row["dynamic_sampling/filled_with_filtered"] == 1.0
         assert row["sync/probe_max_logprob_diff"] < 1e-4
+
+
+def _assert_verified_every_step(history: list[dict], statistic: str, tolerance: float) -> list[dict]:
+    steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
+    assert len(steps) == 3
+    assert all(
+        row["sync/digest_mismatched_layers"] == 0.0 for row in steps if "sync/digest_mismatched_layers" in row
+    )
+    assert all(row[f"sync/probe_{statistic}_logprob_diff"] < tolerance / 4 for row in steps)
+    # The train-inference mismatch of the sampled tokens is logged every step (what the engine precision costs).
+    assert all(row["sampling/train_inference_kl"] >= 0.0 for row in steps)
+    return steps
+
+
+def test_gpu_shaped_bf16_checkpoint_auto_dtype_tp2_gradient_checkpointing(tiny_model, tmp_path):
+    """A bf16 checkpoint with `vllm_dtype: auto` (vLLM keeps bf16), a bf16 trainer, gradient checkpointing (TRL's
+    and every GPU recipe's default) and TP=2 with per-request seeds: trains, and every sync is verified."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    checkpoint = tmp_path / "tiny-bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(checkpoint)
+    out = tmp_path / "run"
+    flags = ["--vllm_dtype", "auto", "--dtype", "bfloat16", "--gradient_checkpointing", "true"]
+    flags += ["--vllm_tensor_parallel_size", "2", "--learning_rate", "1e-2"]
+    result = launch_tiny(checkpoint, out, 29741, *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # bf16 trainer: the fixed tolerance on the mean (0.5); a correct sync of the tiny model sits far below it.
+    history = json.loads((out / "log_history.json").read_text())
+    steps = _assert_verified_every_step(history, "sync/probe_mean_logprob_diff", 0.5 / 10)
+    assert all(row["sync/digest_mismatched_layers"] == 0.0 for row in steps)
+    assert "sampling/importance_sampling_ratio/mean" in steps[0]  # 16-bit: TRL's IS correction stays on
+    after = load_file(out / "model.safetensors")
+    assert all(t.dtype == torch.bfloat16 for t in after.values())
+    assert any(not torch.equal(load_file(checkpoint / "model.safetensors")[k], after[k]) for k in after)
+
+
+def test_gpu_shaped_bf16_engine_fp32_trainer_lora_adapter_mode(tiny_model, tmp_path):
+    """The usual GPU set-up: float32 master weights, a bf16 engine, gradient checkpointing, LoRA adapter-only sync."""
+    out = tmp_path / "run"
+    flags = ["--vllm_dtype", "bfloat16", "--gradient_checkpointing", "true", "--use_peft", "true"]
+    flags += ["--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj", "up_proj"]
+    flags += ["--weight_sync_lora_mode", "adapter", "--learning_rate", "5e-2"]
+    result = launch_tiny(tiny_model, out, 29751, *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # fp32 trainer, bf16 engine: the engine's error over bf16 rounding's own (tolerance 4), as small as it can be.
+    steps = _assert_verified_every_step(
+        json.loads((out / "log_history.json").read_text()), "sync/probe_ratio", 2.0
+    )
+    assert steps[0]["sync/digest_mismatched_layers"] == 0.0  # the base weights, sent once, verified exactly
+    assert steps[-1]["sync/bytes"] < 0.05 * steps[0]["sync/bytes"]  # then only the adapter
+    assert max(row["sampling/train_inference_kl"] for row in steps) > 0.0  # bf16 sampling is not fp32 scoring

@@ -135,6 +135,11 @@ class ColocatedGeneration:
             stats = self.probe.check(model, self.engine, self.step_fn())
             self.log_metric("sync/probe_max_logprob_diff", stats["max"])
             self.log_metric("sync/probe_mean_logprob_diff", stats["mean"])
+            if (
+                self.probe.statistic == "ratio"
+            ):  # 16-bit engine: its error relative to bf16/fp16 rounding's own
+                self.log_metric("sync/probe_rounding_noise", stats["noise"])
+                self.log_metric("sync/probe_ratio", stats["ratio"])
         self.log_metric("sync/verify_seconds", _now() - start)
 
     def _sync_adapter(self, model: torch.nn.Module) -> tuple[int, int, bool]:
@@ -212,7 +217,9 @@ def build_generation(
     if args.weight_sync_probe:
         statistic, tolerance = probe_settings(engine.dtype, model.dtype)
         tolerance = args.weight_sync_probe_tolerance or tolerance
-        probe = SyncProbe.from_text(tokenizer, args.weight_sync_probe_text, tolerance, statistic)
+        probe = SyncProbe.from_text(
+            tokenizer, args.weight_sync_probe_text, tolerance, statistic, engine.dtype
+        )
     digest = DigestCheck(engine.dtype) if args.weight_sync_digest else None
     return ColocatedGeneration(
         model,

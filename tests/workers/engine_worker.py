@@ -67,6 +67,7 @@ def main(model_dir: str, tp: int, report_dir: str, sleep: bool = False) -> None:
     report["logprobs_finite"] = all(torch.isfinite(torch.tensor(lp)).all().item() for lp in out.logprobs)
     report["logprob_lens_match"] = [len(a) == len(b) for a, b in zip(out.logprobs, out.completion_ids)]
 
+    engine.sleep(level=1)  # sleep mode (GPU): the push below must wake the weights, the probe the KV cache
     # Change every weight identically on all ranks (same seed), including the tied embedding/lm_head.
     torch.manual_seed(1234)
     with torch.no_grad():

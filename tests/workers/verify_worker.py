@@ -69,7 +69,7 @@ def main(model_dir, report_dir, engine_dtype, trainer_dtype, tp, correct_steps):
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, trainer_dtype))
     statistic, tolerance = probe_settings(engine.dtype, model.dtype)
-    probe = SyncProbe.from_text(tokenizer, DEFAULT_PROBE_TEXT, tolerance, statistic)
+    probe = SyncProbe.from_text(tokenizer, DEFAULT_PROBE_TEXT, tolerance, statistic, engine.dtype)
     metrics = {}
     report = {
         "engine_dtype": str(engine.dtype),
@@ -117,6 +117,7 @@ def main(model_dir, report_dir, engine_dtype, trainer_dtype, tp, correct_steps):
         report["outcomes"].append([kind, outcome])
     report["probe_mean"] = metrics["sync/probe_mean_logprob_diff"]
     report["probe_max"] = metrics["sync/probe_max_logprob_diff"]
+    report["probe_ratio"] = metrics.get("sync/probe_ratio")
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
