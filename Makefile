@@ -44,6 +44,7 @@ bench: assets
 	$(PY) -m colocate_grpo.bench_sync --model $(ASSETS)/smollm2-135m
 	$(PY) -m colocate_grpo.bench_server --model $(ASSETS)/smollm2-135m
 	$(PY) -m colocate_grpo.bench_verify --model $(ASSETS)/smollm2-135m --correct-steps 30
+	$(PY) -m colocate_grpo.bench_verify --model $(ASSETS)/smollm2-135m --correct-steps 3 --configs bfloat16:bfloat16
 
 style: install
 	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests

@@ -91,9 +91,9 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
             # has no attribute 'weight_loader': the CPU backend drops packed linear weights). Keeping the weights
             # lets it run so its cost can be timed; its engine then serves stale packed kernels, the very bug our
             # probe exists to catch, so this baseline is for timing only.
-            from .engine.colocated import _keep_cpu_linear_weights
+            from .engine.cpu import keep_cpu_linear_weights
 
-            _keep_cpu_linear_weights()
+            keep_cpu_linear_weights()
         trainer = trl.GRPOTrainer(
             model=model_args.model_name_or_path, reward_funcs=rewards, args=stock_args, train_dataset=data
         )

@@ -140,9 +140,10 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
         weight_sync_probe (`bool`, *optional*, defaults to `True`):
             Verify every sync by comparing trainer and engine logprobs on a fixed sequence.
         weight_sync_probe_tolerance (`float`, *optional*):
-            Tolerance of the probe: on the max |logprob difference| (1e-3) when engine and trainer run float32, on
-            the mean |logprob difference| (0.15 bf16, 0.03 fp16) when either runs in 16 bits (see
-            `colocate_grpo.weight_sync.probe.probe_settings`).
+            Tolerance of the probe, by default from the dtypes really in use (`weight_sync.probe.probe_settings`):
+            max |logprob difference| 1e-3 when engine and trainer run float32; with a 16-bit engine and a float32
+            trainer, 4x the trainer's own rounding error in the engine's dtype; with a 16-bit trainer, mean
+            |logprob difference| 0.5 (bf16) / 0.1 (fp16).
         weight_sync_digest (`bool`, *optional*, defaults to `True`):
             After every sync, check exactly (bit for bit, per layer, in the engine's dtype) that the engine holds the
             weights that were sent: catches skipped, partial and wrong loads in every precision, where the probe
@@ -215,7 +216,7 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
     weight_sync_probe_tolerance: float | None = field(
         default=None,
         metadata={
-            "help": "Probe tolerance (default: max diff 1e-3 in fp32; mean diff 0.15 bf16 / 0.03 fp16)."
+            "help": "Probe tolerance (default from the real dtypes: see weight_sync.probe.probe_settings)."
         },
     )
     weight_sync_probe_text: str = field(

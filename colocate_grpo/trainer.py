@@ -100,11 +100,9 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
         a reduced-precision engine costs, visible every step."""
         sampling, mask = self._sampling_inputs
         self._sampling_inputs = None  # only the loss forward itself, not nested calls
-        if sampling.shape != logps.shape:
-            return
-        kl, abs_diff, count = (
-            self.accelerator.gather(mismatch_sums(logps, sampling, mask)[None]).sum(0).tolist()
-        )
+        sums = mismatch_sums(logps, sampling, mask) if sampling.shape == logps.shape else logps.new_zeros(3)
+        # Every rank takes part in the gather (a rank that skipped it would leave the others waiting).
+        kl, abs_diff, count = self.accelerator.gather(sums.float()[None]).sum(0).tolist()
         store = metrics_store(self)["train" if self.model.training else "eval"]
         store["sampling/train_inference_kl"].append(kl / max(count, 1.0))
         store["sampling/train_inference_abs_logprob_diff"].append(abs_diff / max(count, 1.0))

@@ -44,6 +44,7 @@ def free_port() -> int:
 def start_server(model, port: int, *flags: str, log=None) -> subprocess.Popen:
     """The real server on loopback, small and single-threaded; returns once /health answers."""
     small = ["--enforce-eager", "--max-model-len", "512", "--kv-cache-gb", "1", "--cpu-threads", "1"]
+    small += ["--dtype", "float32"]  # the same precision on every CPU (unset picks bf16 where it is native)
     return spawn_server(model, port, *small, *flags, log=log)
 
 
@@ -169,6 +170,31 @@ def test_server_generates_and_takes_bucketed_weights(server, tiny_model):
     assert nbytes == sum(p.numel() * 4 for p in model.parameters())
     assert (client.prompt_logprobs(ids) - reference).abs().max() < 1e-4
     assert client.get_server_info()["weights_version"] == version + 1
+
+
+def test_server_digest_matches_what_was_pushed_and_nccl_is_refused_before_any_broadcast(server, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from colocate_grpo.weight_sync.digest import DigestCheck, mismatched_groups
+    from colocate_grpo.weight_sync.sources import weight_buckets
+
+    client = ServerClient(server, request_timeout=60, bucket_bytes=1 << 20)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)
+    digest = DigestCheck(torch.float32)
+    client.push(digest.track(weight_buckets(model, 1 << 20)))
+    assert mismatched_groups(digest.expected(), client.weights_digest()) == []
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)
+    list(digest.track(weight_buckets(model, 1 << 20)))  # hashed, never sent: the server is now stale
+    assert mismatched_groups(digest.expected(), client.weights_digest()) == ["model"]
+    # The NCCL transport against a server whose NCCL group was never set up: the announcement is refused, so the
+    # client raises before broadcasting (a broadcast the server never joins would block the trainer's GPU).
+    nccl = ServerClient(server, request_timeout=30, retries=0, transport="nccl")
+    nccl._comm = object()  # any use of it (a broadcast) would raise AttributeError, not ServerError
+    with pytest.raises(ServerError, match="before /weights/nccl/init"):
+        nccl.send_bucket([("model.norm.weight", torch.ones(128))])
 
 
 def test_tensor_parallel_server_replays_every_call_on_both_ranks(tiny_model, tmp_path):

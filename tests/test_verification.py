@@ -60,7 +60,12 @@ def test_probe_statistic_and_tolerance_follow_the_real_dtypes():
 
 @pytest.mark.parametrize(
     "engine_dtype, trainer_dtype, nproc",
-    [("float32", "float32", 1), ("bfloat16", "float32", 1), ("float16", "float32", 1), ("bfloat16", "float32", 2)],
+    [
+        ("float32", "float32", 1),
+        ("bfloat16", "float32", 1),
+        ("float16", "float32", 1),
+        ("bfloat16", "float32", 2),
+    ],
     ids=["fp32", "bf16-engine", "fp16-engine", "bf16-engine-tp2"],
 )
 def test_sabotaged_syncs_are_caught_within_one_step_in_every_precision(
