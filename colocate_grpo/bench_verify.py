@@ -81,7 +81,7 @@ def run(model_dir: str, engine_dtype: str, trainer_dtype: str, correct_steps: in
     plan = ["correct"] * correct_steps + [k for kind in SABOTAGES for k in (kind, "correct")]
     label = f"{str(engine.dtype).removeprefix('torch.')} engine, {trainer_dtype} trainer"
     result = {"label": label, "statistic": statistic, "tolerance": tolerance,
-              "false_alarms": 0, "caught": {}, "correct_values": [], "seconds": {}}  # fmt: skip
+              "false_alarms": 0, "caught": {}, "correct_values": [], "correct_max": [], "seconds": {}}  # fmt: skip
     for step, kind in enumerate(plan):
         stale = {n: p.detach().clone() for n, p in model.named_parameters() if "down_proj" in n}
         model(**batch, labels=batch["input_ids"]).loss.backward()
@@ -101,16 +101,20 @@ def run(model_dir: str, engine_dtype: str, trainer_dtype: str, correct_steps: in
                 stats = _timed(seconds, "probe", lambda step=step: probe.check(model, engine, step))
                 if kind == "correct":
                     result["correct_values"].append(stats[statistic])
+                    result["correct_max"].append(stats["max"])
                     print(f"[bench_verify] {result['label']} step {step}: {stats}", flush=True)
             except StaleWeightsError:
                 caught = "probe"
-                print(f"[bench_verify] {result['label']} step {step} {kind}: caught by the probe", flush=True)
         if kind == "correct":
             result["false_alarms"] += caught is not None
-            if caught is not None:
-                result.setdefault("alarm_steps", []).append((step, caught))
         else:
-            result["caught"][kind] = (caught or "none", step)
+            # What the probe alone would have said about this sabotage (the digest usually answered first).
+            alone = probe.stats(model, engine)[statistic]
+            result["caught"][kind] = (caught or "none", step, alone)
+            print(
+                f"[bench_verify] {result['label']} step {step} {kind}: {caught}; probe alone {alone:.3g}",
+                flush=True,
+            )
             engine.load_buckets(digest.track(weight_buckets(model)))  # repair before the next case
             digest.check(engine, step)
     return result
@@ -140,18 +144,22 @@ def main(argv: list[str] | None = None) -> None:
 def _table(rows: list[dict], correct_steps: int) -> None:
     print(
         "\n| engine, trainer | skipped | partial | wrong values | swapped | false alarms | probe statistic, correct "
-        "syncs (median [min, max]) | tolerance | push s | digest s | probe s |"
+        "syncs (median [min, max]) | tolerance | max \\|logprob diff\\|, correct syncs | push s | digest s | probe s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [f"{r['caught'][k][0]} at step {r['caught'][k][1]}" for k in SABOTAGES]
+        # "caught by (step); what the probe alone measured then"
+        cells = [
+            f"{r['caught'][k][0]} at step {r['caught'][k][1]}; probe alone {r['caught'][k][2]:.3g}"
+            for k in SABOTAGES
+        ]
         s = r["seconds"]
         print(
             f"| {r['label']} | "
             + " | ".join(cells)
             + f" | {r['false_alarms']} of {correct_steps + len(SABOTAGES)} | "
-            f"{r['statistic']} {_spread(r['correct_values'])} | {r['tolerance']:g} | {_spread(s['push'])} | "
-            f"{_spread(s['digest'])} | {_spread(s['probe'])} |",
+            f"{r['statistic']} {_spread(r['correct_values'])} | {r['tolerance']:g} | {_spread(r['correct_max'])} | "
+            f"{_spread(s['push'])} | {_spread(s['digest'])} | {_spread(s['probe'])} |",
             flush=True,
         )
 
