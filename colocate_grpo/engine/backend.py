@@ -74,10 +74,8 @@ class ColocatedGeneration:
     ):
         self.lora_mode = lora_mode
         self.digest, self.seed, self.sleep_level = digest, seed, sleep_level
-        self._calls = (
-            -1,
-            0,
-        )  # (step, generate calls in that step): the seed of the next call derives from it
+        # (step, generate calls in that step): the seed of the next call derives from it.
+        self._calls = (-1, 0)
         self._base_sent = False  # frozen tensors reach the engine once, with the first sync
         self.model_fn: Callable[[], torch.nn.Module] = lambda: model
         self.bucket_bytes = bucket_bytes
@@ -135,9 +133,7 @@ class ColocatedGeneration:
             stats = self.probe.check(model, self.engine, self.step_fn())
             self.log_metric("sync/probe_max_logprob_diff", stats["max"])
             self.log_metric("sync/probe_mean_logprob_diff", stats["mean"])
-            if (
-                self.probe.statistic == "ratio"
-            ):  # 16-bit engine: its error relative to bf16/fp16 rounding's own
+            if self.probe.statistic == "ratio":  # 16-bit engine: its error over bf16/fp16 rounding's own
                 self.log_metric("sync/probe_rounding_noise", stats["noise"])
                 self.log_metric("sync/probe_ratio", stats["ratio"])
         self.log_metric("sync/verify_seconds", _now() - start)
@@ -174,9 +170,8 @@ class ColocatedGeneration:
         step, calls = self._calls
         self._calls = (self.step_fn(), calls + 1 if step == self.step_fn() else 1)
         sampling = self.sampling
-        if (
-            self.seed is not None
-        ):  # a function of (seed, step, call): a resumed run draws what it would have drawn
+        if self.seed is not None:
+            # A function of (seed, step, call): a resumed run draws what the uninterrupted one would have drawn.
             sampling = replace(sampling, seed=request_seed(self.seed, self._calls[0], self._calls[1]))
         start = _now()
         with profiler or nullcontext():
