@@ -292,8 +292,10 @@ def test_training_in_server_mode_syncs_and_probes_every_step(server, tiny_model,
     assert steps[-1]["epoch"] == pytest.approx(3 * processes / 64)
     if config == "fsdp2_cpu":  # a sharded source: every rank gathers, rank 0 sends
         assert steps[-1]["sync/local_param_fraction"] == pytest.approx(0.5, abs=0.05)
-    # The server generated with the synced weights: its logprobs match the trainer's recomputation.
-    assert all(row["sampling/sampling_logp_difference/max"] < 1e-3 for row in steps)
+    # The server generated with the synced weights: its sampling logprobs match the trainer's for the same tokens
+    # (float32 on both sides, so TRL's importance-sampling pass is skipped and this trainer's own metric reports it).
+    assert all(row["sampling/train_inference_abs_logprob_diff"] < 1e-4 for row in steps)
+    assert "sampling/importance_sampling_ratio/mean" not in steps[0]
 
 
 def test_trainer_without_server_stops_every_rank_with_clear_error(tiny_model, tmp_path):
