@@ -66,8 +66,10 @@ def test_skipped_sync_stops_training_with_stale_weights_error(tiny_model, tmp_pa
     )
     assert result.returncode != 0
     assert "StaleWeightsError" in result.stderr
-    assert "Weight-sync probe failed at step 1" in result.stderr, result.stderr[-3000:]
-    assert "stale or wrong weights" in result.stderr
+    # The exact digest stops it at the first dropped sync, naming the layers the engine did not receive.
+    assert "Weight-sync digest failed at step 1" in result.stderr, result.stderr[-3000:]
+    assert "does not hold the weights that were sent" in result.stderr
+    assert "layers that differ here: model" in result.stderr
 
 
 def test_lora_merge_then_sync_matches_after_every_step(tiny_model, tmp_path):
@@ -129,13 +131,13 @@ def test_code_reward_training_on_humaneval_with_dapo_options(tiny_model, tmp_pat
         assert row["sync/probe_max_logprob_diff"] < 1e-4
 
 
-def _assert_verified_every_step(history: list[dict], statistic: str, tolerance: float) -> list[dict]:
+def _assert_verified_every_step(history: list[dict], metric: str, tolerance: float) -> list[dict]:
     steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
     assert len(steps) == 3
     assert all(
         row["sync/digest_mismatched_layers"] == 0.0 for row in steps if "sync/digest_mismatched_layers" in row
     )
-    assert all(row[f"sync/probe_{statistic}_logprob_diff"] < tolerance / 4 for row in steps)
+    assert all(row[metric] < tolerance for row in steps)
     # The train-inference mismatch of the sampled tokens is logged every step (what the engine precision costs).
     assert all(row["sampling/train_inference_kl"] >= 0.0 for row in steps)
     return steps
