@@ -94,12 +94,6 @@ def main(model_dir, report_dir, engine_dtype, trainer_dtype, tp, correct_steps):
         "correct",
         "swapped",
     ]
-    report = {
-        "engine_dtype": str(engine.dtype),
-        "statistic": statistic,
-        "tolerance": tolerance,
-        "outcomes": [],
-    }
     for kind in plan:
         stale = {n: p.detach().clone() for n, p in model.named_parameters() if "down_proj" in n}
         model(input_ids=batch, labels=batch).loss.backward()
