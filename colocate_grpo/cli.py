@@ -6,43 +6,13 @@ Flags override the YAML recipe, which overrides the defaults; `--help` lists eve
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
-
 import trl
 
-from .config import ColocateGRPOConfig, ScriptArguments, check_engine_dtype
-
-
-@dataclass
-class ModelArguments(trl.ModelConfig):
-    """`trl.ModelConfig` (model id, dtype, LoRA settings), checked at parse time."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.model_name_or_path:
-            raise ValueError("model_name_or_path is required: a local model folder or a hub id.")
-        if self.use_peft and importlib.util.find_spec("peft") is None:
-            raise ValueError("use_peft=true needs peft: pip install 'colocate_grpo[peft]'.")
+from .config import ColocateGRPOConfig, ModelArguments, ScriptArguments, check_engine_dtype, check_lora_mode
 
 
 def make_parser() -> trl.TrlParser:
     return trl.TrlParser((ScriptArguments, ColocateGRPOConfig, ModelArguments))
-
-
-def check_lora_mode(training_args: ColocateGRPOConfig, model_args: ModelArguments) -> None:
-    """Cross-dataclass checks for adapter-only sync, at parse time (before any model loads)."""
-    if training_args.weight_sync_lora_mode != "adapter":
-        return
-    if not model_args.use_peft:
-        raise ValueError(
-            "weight_sync_lora_mode=adapter needs use_peft=true; or use weight_sync_lora_mode=merged."
-        )
-    if model_args.lora_modules_to_save or model_args.use_dora:
-        raise ValueError(
-            "weight_sync_lora_mode=adapter: vLLM serves neither lora_modules_to_save nor DoRA (use_dora); use "
-            "weight_sync_lora_mode=merged."
-        )
 
 
 def check_model_dtypes(training_args: ColocateGRPOConfig, model_args: ModelArguments) -> None:
@@ -59,14 +29,20 @@ def check_model_dtypes(training_args: ColocateGRPOConfig, model_args: ModelArgum
 
 
 def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from .trainer.cpu_sharding import configure_cpu_sharding_env
+
+    if not torch.cuda.is_available():
+        configure_cpu_sharding_env()  # before the config builds a DeepSpeed plugin (DeepSpeed reads it at import)
     script_args, training_args, model_args = make_parser().parse_args_and_config(args=argv)
     check_lora_mode(training_args, model_args)
     check_model_dtypes(training_args, model_args)
     from .data import load_prompts
     from .rewards import build_reward_funcs, check_reward_inputs
-    from .trainer import ColocateGRPOTrainer
+    from .trainer.grpo import ColocateGRPOTrainer
 
-    reward_funcs = build_reward_funcs(script_args.reward_funcs)
+    reward_funcs = build_reward_funcs(script_args.reward_funcs, training_args)
     dataset = load_prompts(script_args, seed=training_args.seed)
     check_reward_inputs(script_args.reward_funcs, dataset.column_names)
     init_kwargs = dict(training_args.model_init_kwargs or {})

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / ".cache" / "models"
+from tests.helpers.launch import MODELS
+from tests.helpers.server import free_port, start_server
 
 
 @pytest.fixture(scope="session")
@@ -21,19 +17,16 @@ def tiny_model() -> Path:
     return prepare_tiny(MODELS)
 
 
-def run_cmd(cmd: list[str], timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a real launcher command from the repo root; fail with its output tail if it times out."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
-
-
-def bin_path(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
-
-
-def read_reports(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    """A real `python -m colocate_grpo.serve` on loopback with the tiny model; yields its URL."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
+    proc = start_server(tiny_model, port, log=log)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait(timeout=30)
+    log.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,6 +23,7 @@ from .cpu import keep_cpu_linear_weights, repack_cpu_layers, unique_cpu_shm_name
 from .lora import engine_args as lora_engine_args
 from .runtime import (
     configure_cpu_runtime,
+    default_engine_dtype,
     ensure_process_group,
     local_rank,
     make_tp_group,
@@ -41,8 +42,9 @@ class ColocatedEngine:
             Path of the initial checkpoint (weights are replaced by syncs afterwards).
         tensor_parallel_size (`int`, *optional*, defaults to `1`):
             Ranks per inference replica; must divide the world size.
-        dtype (`str`, *optional*, defaults to `"auto"`):
-            vLLM dtype; use `"float32"` on CPU (bf16 is emulated and slow on AVX2).
+        dtype (`str`, *optional*):
+            vLLM dtype (`"auto"` is vLLM's rule); unset, the per-host default (`runtime.default_engine_dtype`: auto on
+            GPU, bfloat16 on CPUs that compute it natively, float32 elsewhere).
         max_model_len (`int`, *optional*):
             Prompt + completion tokens per sequence.
         max_num_seqs (`int`, *optional*, defaults to `64`):
@@ -57,6 +59,10 @@ class ColocatedEngine:
             Base seed; the replica index is added (see below).
         lora (`dict`, *optional*):
             Serve a LoRA adapter pushed in memory (`load_adapter`): `{"max_rank": int, "target_modules": [...]}`.
+        trust_remote_code (`bool`, *optional*, defaults to `False`):
+            Let vLLM run the checkpoint's own modelling code (as `trl.GRPOConfig.trust_remote_code`).
+        model_impl (`str`, *optional*, defaults to `"auto"`):
+            vLLM's model implementation: `"auto"`, `"vllm"` or `"transformers"` (as `vllm_model_impl`).
     """
 
     def __init__(
@@ -64,7 +70,7 @@ class ColocatedEngine:
         model: str,
         *,
         tensor_parallel_size: int = 1,
-        dtype: str = "auto",
+        dtype: str | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int = 64,
         gpu_memory_utilization: float = 0.3,
@@ -72,6 +78,8 @@ class ColocatedEngine:
         enforce_eager: bool = False,
         seed: int = 0,
         lora: dict | None = None,
+        trust_remote_code: bool = False,
+        model_impl: str = "auto",
     ):
         from vllm import LLM
 
@@ -106,7 +114,7 @@ class ColocatedEngine:
                 # different replicas must not produce the same samples: seed by replica index. `generate` also
                 # gives every request its own seed (see `_request_params`); this one covers unseeded calls.
                 seed=seed + self.replica,
-                dtype=dtype,
+                dtype=dtype or default_engine_dtype(),
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max(4096, max_model_len or 0),
@@ -115,6 +123,8 @@ class ColocatedEngine:
                 enforce_eager=enforce_eager,
                 # Logprobs after temperature / top-k processing, as the importance-sampling correction expects.
                 logprobs_mode="processed_logprobs",
+                trust_remote_code=trust_remote_code,
+                model_impl=model_impl,
                 **lora_engine_args(lora),
             )
         self.lora_request = None  # set by the first `load_adapter`
@@ -127,6 +137,14 @@ class ColocatedEngine:
     def dtype(self) -> torch.dtype:
         """The dtype vLLM resolved for the weights (what `"auto"` became): every tolerance derives from it."""
         return self.llm.llm_engine.model_config.dtype
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.llm_engine.model_config.max_model_len
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes (their KV entries were computed with weights that may since have changed)."""
+        self.llm.reset_prefix_cache()
 
     @property
     def model(self) -> torch.nn.Module:

@@ -10,6 +10,57 @@ import torch
 LORA_ID = 1  # one adapter id, ever: another id could evict ours, and its reload would look for the fake path
 
 
+# The adapter ranks vLLM accepts as `max_lora_rank`.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def serving_settings(
+    r: int,
+    target_modules,
+    rank_pattern: dict | None = None,
+    modules_to_save=None,
+    use_dora: bool = False,
+    bias: str = "none",
+) -> dict:
+    """Whether vLLM can serve a LoRA adapter of this shape (adapter-only sync), and the engine settings for it.
+
+    The one place that knows vLLM's LoRA limits: the CLI calls it on the recipe's `lora_*` options at parse time,
+    the trainer on the PEFT config before the engine is built. `target_modules=None` (PEFT's per-model default, not
+    known before the model loads) passes here and is checked on the PEFT config.
+
+    Returns:
+        `dict`: `{"max_rank": int, "target_modules": list[str] | None}` (`ColocatedEngine(lora=...)`).
+
+    Raises:
+        `ValueError` naming the option and the fix.
+    """
+    if modules_to_save:
+        raise ValueError(
+            f"weight_sync_lora_mode=adapter: vLLM cannot serve modules_to_save={modules_to_save}; use "
+            "weight_sync_lora_mode=merged, or drop lora_modules_to_save."
+        )
+    if use_dora or (bias or "none") != "none":
+        raise ValueError(
+            "weight_sync_lora_mode=adapter: vLLM serves neither DoRA (use_dora) nor LoRA biases; use "
+            "weight_sync_lora_mode=merged."
+        )
+    rank = max(r, *rank_pattern.values()) if rank_pattern else r
+    max_rank = next((v for v in VLLM_LORA_RANKS if v >= rank), None)
+    if max_rank is None:
+        raise ValueError(
+            f"weight_sync_lora_mode=adapter: lora_r={rank} exceeds vLLM's largest LoRA rank 512."
+        )
+    if isinstance(target_modules, str):
+        raise ValueError(
+            "weight_sync_lora_mode=adapter needs lora_target_modules as a list of module names (not a regex or "
+            f"{target_modules!r}); or use weight_sync_lora_mode=merged."
+        )
+    return {
+        "max_rank": max_rank,
+        "target_modules": None if target_modules is None else sorted(target_modules),
+    }
+
+
 def engine_args(lora: dict | None) -> dict:
     """`vllm.LLM` arguments for serving one in-memory adapter (`{"max_rank": int, "target_modules": [...]}`)."""
     if lora is None:

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from ..hardware import cores_per_process
+
 
 def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int, threads: int | None = None) -> None:
     """Set the vLLM-CPU knobs the user should not have to know about; a no-op when CUDA is available.
@@ -34,7 +36,7 @@ def configure_cpu_runtime(local_world_size: int, kv_cache_gb: int, threads: int 
     if torch.cuda.is_available():
         return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
-    threads = threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    threads = threads or cores_per_process(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
@@ -151,3 +153,11 @@ def default_engine_dtype() -> str:
     if torch.cuda.is_available():
         return "auto"
     return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def nccl_group(host: str, port: int, rank: int, world_size: int, device: int):
+    """Join the trainer <-> server NCCL group (vLLM's stateless group: independent of both torch.distributed
+    worlds). Rank 0 is the trainer's main process, ranks 1.. the server's TP ranks."""
+    from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+
+    return stateless_init_process_group(host, port, rank, world_size, device=device)

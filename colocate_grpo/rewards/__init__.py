@@ -1,7 +1,8 @@
 """Rewards: pure functions `(completions, **columns) -> list[float | None]`, built lazily by name.
 
-`build_reward_funcs(["accuracy", "format", "my_pkg.rewards.brevity"])` returns only what the recipe lists;
-names not in `REGISTRY` are imported as dotted paths. Completions are TRL's: plain strings, or for chat prompts a
+`build_reward_funcs(["accuracy", "format", "my_pkg.rewards.brevity"], options)` returns only what the recipe lists;
+names not in `REGISTRY` are imported as dotted paths. Parameterised rewards (`FACTORIES`) are built from the run's
+`RewardOptions`: no module holds state a recipe sets. Completions are TRL's: plain strings, or for chat prompts a
 one-message list `[{"role": "assistant", "content": ...}]`.
 """
 
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config.rewards import RewardOptions
 
 RewardFunc = Callable[..., list]
 
@@ -17,7 +22,7 @@ REGISTRY: dict[str, str] = {
     "accuracy": "colocate_grpo.rewards.math:accuracy_reward",
     "format": "colocate_grpo.rewards.format:think_answer_format_reward",
     "boxed": "colocate_grpo.rewards.format:boxed_answer_reward",
-    "code": "colocate_grpo.rewards.code:code_reward",
+    "code": "colocate_grpo.rewards.code:code_reward",  # default limits; `build_reward_funcs` uses FACTORIES
     "code_binary": "colocate_grpo.rewards.code:code_binary_reward",
     "reasoning_gym": "colocate_grpo.rewards.tasks:reasoning_gym_reward",
 }
@@ -71,9 +76,35 @@ def check_reward_names(names: list[str]) -> None:
             _import_dotted(name)
 
 
-def build_reward_funcs(names: list[str]) -> list[RewardFunc]:
-    """Build the reward functions a recipe lists, in order (so `reward_weights` line up)."""
-    return [_import_dotted(REGISTRY[n]) if n in REGISTRY else _import_dotted(n) for n in names]
+def _code_reward(options: RewardOptions, binary: bool) -> RewardFunc:
+    from .code import make_code_reward, sandbox_limits
+
+    limits = sandbox_limits(options.code_timeout_s, options.code_memory_mb)
+    return make_code_reward(limits, options.code_max_workers, binary=binary)
+
+
+# Rewards with options: name -> factory(options: RewardOptions) -> reward function.
+FACTORIES: dict[str, Callable[[RewardOptions], RewardFunc]] = {
+    "code": lambda options: _code_reward(options, binary=False),
+    "code_binary": lambda options: _code_reward(options, binary=True),
+}
+
+
+def build_reward_funcs(names: list[str], options: RewardOptions | None = None) -> list[RewardFunc]:
+    """Build the reward functions a recipe lists, in order (so `reward_weights` line up).
+
+    Args:
+        names (`list[str]`): registered names or dotted paths.
+        options (`RewardOptions`, *optional*): the run's reward options (e.g. `code_timeout_s`), for the rewards in
+            `FACTORIES`; `None` builds those with their defaults.
+    """
+    funcs = []
+    for name in names:
+        if name in FACTORIES and options is not None:
+            funcs.append(FACTORIES[name](options))
+        else:
+            funcs.append(_import_dotted(REGISTRY.get(name, name)))
+    return funcs
 
 
 def completion_text(completion) -> str:

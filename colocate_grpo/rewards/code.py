@@ -16,20 +16,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 
 from . import completion_text
 from .sandbox import SandboxLimits, run_programs
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
-LIMITS = SandboxLimits()  # replaced from the recipe's code_* options by `configure`
-MAX_WORKERS: int | None = None
 
 
-def configure(timeout_s: float, memory_mb: int, max_workers: int | None) -> None:
-    """Set the sandbox limits and parallelism the code rewards use (the trainer calls this from the recipe)."""
-    global LIMITS, MAX_WORKERS
-    LIMITS = SandboxLimits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb)
-    MAX_WORKERS = max_workers
+def sandbox_limits(timeout_s: float, memory_mb: int) -> SandboxLimits:
+    """The recipe's `code_timeout_s` / `code_memory_mb` as sandbox limits (CPU seconds capped like wall seconds)."""
+    return SandboxLimits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), memory_mb=memory_mb)
 
 
 def extract_code(text: str) -> str:
@@ -57,7 +54,9 @@ def _stdio_cases(tests) -> list[tuple[str, str]]:
     return list(zip(inputs, outputs, strict=True))
 
 
-def _score(completions, binary: bool, **columns) -> list[float]:
+def _score(
+    completions, binary: bool, limits: SandboxLimits, max_workers: int | None, **columns
+) -> list[float]:
     jobs: list[tuple[str, str]] = []
     owners: list[tuple[int, str | None]] = []  # (sample, expected stdout or None for HumanEval)
     for i, completion in enumerate(completions):
@@ -83,7 +82,7 @@ def _score(completions, binary: bool, **columns) -> list[float]:
             )
     passed = [0] * len(completions)
     total = [0] * len(completions)
-    for (i, expected), result in zip(owners, run_programs(jobs, LIMITS, MAX_WORKERS), strict=True):
+    for (i, expected), result in zip(owners, run_programs(jobs, limits, max_workers), strict=True):
         total[i] += 1
         ok = result.status == "ok" and (expected is None or result.stdout.strip() == str(expected).strip())
         passed[i] += int(ok)
@@ -92,11 +91,31 @@ def _score(completions, binary: bool, **columns) -> list[float]:
     return [p / t if t else 0.0 for p, t in zip(passed, total, strict=True)]
 
 
-def code_reward(completions, **columns) -> list[float]:
-    """Fraction of the sample's tests its program passes (HumanEval: 0 or 1)."""
-    return _score(completions, binary=False, **columns)
+def make_code_reward(
+    limits: SandboxLimits | None = None, max_workers: int | None = None, binary: bool = False
+) -> Callable[..., list[float]]:
+    """A code reward with these sandbox settings.
+
+    Args:
+        limits (`SandboxLimits`, *optional*): per-program limits (default `SandboxLimits()`).
+        max_workers (`int`, *optional*): programs run at once (default: this process's share of the cores).
+        binary (`bool`, *optional*, defaults to `False`): 1 only when every test passes (`code_binary`), instead of
+            the fraction of tests passed (`code`).
+    """
+    limits = limits or SandboxLimits()
+
+    def reward(completions, **columns) -> list[float]:
+        return _score(completions, binary, limits, max_workers, **columns)
+
+    reward.__name__ = reward.__qualname__ = "code_binary_reward" if binary else "code_reward"
+    reward.__doc__ = (
+        "1 if the sample's program passes every test, else 0."
+        if binary
+        else "Fraction of the sample's tests its program passes (HumanEval: 0 or 1)."
+    )
+    return reward
 
 
-def code_binary_reward(completions, **columns) -> list[float]:
-    """1 if the sample's program passes every test, else 0."""
-    return _score(completions, binary=True, **columns)
+# With the default limits; recipes get theirs from `build_reward_funcs(names, options)`.
+code_reward = make_code_reward()
+code_binary_reward = make_code_reward(binary=True)

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..hardware import cores_per_process
+
 _INIT = str(Path(__file__).with_name("_sandbox_init.py"))
 _SETUP_FAILED = 125
 _UIDS = itertools.count()
@@ -244,9 +246,9 @@ def _status(
 def run_programs(
     jobs: list[tuple[str, str]], limits: SandboxLimits | None = None, max_workers: int | None = None
 ) -> list[RunResult]:
-    """Run many `(program, stdin)` pairs in parallel (default: one per core), results in order."""
+    """Run many `(program, stdin)` pairs in parallel (default: this process's share of the cores), results in order."""
     if not jobs:
         return []
-    workers = max_workers or os.cpu_count() or 1
+    workers = max_workers or cores_per_process()
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         return list(pool.map(lambda job: run_program(job[0], job[1], limits), jobs))

@@ -4,7 +4,7 @@ reloaded from disk after a sync). Run with `pytest -m gpu tests/gpu` on a CUDA m
 import pytest
 import torch
 
-from ..conftest import bin_path, read_reports, run_cmd
+from tests.helpers.launch import bin_path, read_reports, run_cmd
 
 pytestmark = pytest.mark.gpu
 

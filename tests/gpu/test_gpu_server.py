@@ -22,8 +22,8 @@ def test_nccl_bucketed_push_reaches_the_server(tiny_model, tmp_path, monkeypatch
     from transformers import AutoModelForCausalLM
 
     from colocate_grpo.engine.sampling import SamplingConfig
-    from colocate_grpo.engine.server import ServerClient
-    from colocate_grpo.serve import spawn_server
+    from colocate_grpo.server.app import spawn_server
+    from colocate_grpo.server.client import ServerClient
     from colocate_grpo.weight_sync.sources import weight_buckets
 
     port = _free_port()

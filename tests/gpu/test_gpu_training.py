@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from ..conftest import ROOT, bin_path, run_cmd
+from tests.helpers.launch import ROOT, bin_path, run_cmd
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

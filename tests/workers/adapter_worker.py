@@ -13,8 +13,8 @@ def main(model_dir: str, report_path: str) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from colocate_grpo.engine.backend import ColocatedGeneration, engine_lora_settings
     from colocate_grpo.engine.colocated import ColocatedEngine, SamplingConfig, configure_cpu_runtime
+    from colocate_grpo.trainer.generation import ColocatedGeneration, engine_lora_settings
     from colocate_grpo.weight_sync import SyncProbe
 
     configure_cpu_runtime(1, kv_cache_gb=1)

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from colocate_grpo.bench_sync import shard_model  # noqa: E402
 from colocate_grpo.weight_sync import SyncProbe, weight_source  # noqa: E402
+from colocate_grpo.weight_sync.sharding import shard_model  # noqa: E402
 from colocate_grpo.weight_sync.sources import detect_backend, local_fraction  # noqa: E402
 
 LORA_TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]

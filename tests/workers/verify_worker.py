@@ -17,8 +17,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from colocate_grpo.engine.backend import ColocatedGeneration
 from colocate_grpo.engine.colocated import ColocatedEngine, SamplingConfig, configure_cpu_runtime
+from colocate_grpo.trainer.generation import ColocatedGeneration
 from colocate_grpo.weight_sync import StaleWeightsError, SyncProbe
 from colocate_grpo.weight_sync.digest import DigestCheck
 from colocate_grpo.weight_sync.probe import DEFAULT_PROBE_TEXT, probe_settings
