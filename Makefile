@@ -40,11 +40,7 @@ test-gpu: assets
 	$(PY) -m pytest -m gpu tests/gpu
 
 bench: assets
-	$(PY) -m colocate_grpo.bench --recipe $(RECIPE)
-	$(PY) -m colocate_grpo.bench_sync --model $(ASSETS)/smollm2-135m
-	$(PY) -m colocate_grpo.bench_server --model $(ASSETS)/smollm2-135m
-	$(PY) -m colocate_grpo.bench_verify --model $(ASSETS)/smollm2-135m --correct-steps 30
-	$(PY) -m colocate_grpo.bench_verify --model $(ASSETS)/smollm2-135m --correct-steps 3 --configs bfloat16:bfloat16
+	$(PY) -m colocate_grpo.bench --model $(ASSETS)/smollm2-135m --recipe $(RECIPE)
 
 style: install
 	$(VENV)/bin/ruff format colocate_grpo tests && $(VENV)/bin/ruff check --fix colocate_grpo tests

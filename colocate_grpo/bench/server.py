@@ -9,7 +9,7 @@ Every variant pushes the same full model, through the same `ServerClient` and HT
 Every push ends with the server's re-pack of its CPU kernels and prefix-cache reset, and is followed by the sync
 probe against the server: the model is perturbed before each push, so a push that did not land shows up there.
 
-Usage: `python -m colocate_grpo.bench_server --model .cache/models/smollm2-135m`
+Usage: `python -m colocate_grpo.bench.server --model .cache/models/smollm2-135m`
 """
 
 from __future__ import annotations

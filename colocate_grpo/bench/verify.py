@@ -14,7 +14,7 @@ Reported: which check stopped each sabotage (digest / probe / none) at which ste
 statistic of correct syncs against its tolerance (median, max), and seconds per sync for the push, the digest and
 the probe (median, min, max over the correct syncs).
 
-Usage: `python -m colocate_grpo.bench_verify --model .cache/models/smollm2-135m --correct-steps 30`
+Usage: `python -m colocate_grpo.bench.verify --model .cache/models/smollm2-135m --correct-steps 30`
 """
 
 from __future__ import annotations
@@ -56,11 +56,34 @@ def _timed(metrics: dict, name: str, fn):
     return out
 
 
+def _sync_and_check(
+    engine, model, digest, probe, step: int, seconds: dict, correct: dict | None
+) -> str | None:
+    """One sync as `ColocatedGeneration.sync_weights` does it (push, digest, probe), each part timed into `seconds`;
+    returns which check raised (`"digest"`, `"probe"`) or None. `correct`: the result to record probe values in."""
+    from ..weight_sync import StaleWeightsError, weight_buckets
+
+    _timed(seconds, "push", lambda: engine.load_buckets(digest.track(weight_buckets(model))))
+    try:
+        _timed(seconds, "digest", lambda: digest.check(engine, step))
+    except StaleWeightsError:
+        return "digest"
+    try:
+        stats = _timed(seconds, "probe", lambda: probe.check(model, engine, step))
+    except StaleWeightsError:
+        return "probe"
+    if correct is not None:
+        correct["correct_values"].append(stats[probe.statistic])
+        correct["correct_max"].append(stats["max"])
+        print(f"[bench_verify] {correct['label']} step {step}: {stats}", flush=True)
+    return None
+
+
 def run(model_dir: str, engine_dtype: str, trainer_dtype: str, correct_steps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..engine.colocated import ColocatedEngine, configure_cpu_runtime
-    from ..weight_sync import StaleWeightsError, SyncProbe, weight_buckets
+    from ..weight_sync import SyncProbe, weight_buckets
     from ..weight_sync.digest import DigestCheck
     from ..weight_sync.probe import DEFAULT_PROBE_TEXT, probe_settings
 
@@ -90,21 +113,9 @@ def run(model_dir: str, engine_dtype: str, trainer_dtype: str, correct_steps: in
         if kind != "correct":
             _sabotaged_load(engine, kind, layer, stale)
         seconds = result["seconds"] if kind == "correct" else {}
-        _timed(seconds, "push", lambda: engine.load_buckets(digest.track(weight_buckets(model))))
-        caught = None
-        try:
-            _timed(seconds, "digest", lambda step=step: digest.check(engine, step))
-        except StaleWeightsError:
-            caught = "digest"
-        if caught is None:
-            try:
-                stats = _timed(seconds, "probe", lambda step=step: probe.check(model, engine, step))
-                if kind == "correct":
-                    result["correct_values"].append(stats[statistic])
-                    result["correct_max"].append(stats["max"])
-                    print(f"[bench_verify] {result['label']} step {step}: {stats}", flush=True)
-            except StaleWeightsError:
-                caught = "probe"
+        caught = _sync_and_check(
+            engine, model, digest, probe, step, seconds, result if kind == "correct" else None
+        )
         if kind == "correct":
             result["false_alarms"] += caught is not None
         else:

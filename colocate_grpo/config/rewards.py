@@ -1,4 +1,4 @@
-"""Reward-side options of `ColocateGRPOConfig` (a mixin, so `config.py` stays about the engine): error handling,
+"""Reward-side options of `ColocateGRPOConfig` (a mixin, so `config/trainer.py` stays about the engine): error handling,
 DAPO overlong shaping and dynamic sampling. Checked at parse time by `check_reward_options`."""
 
 from __future__ import annotations

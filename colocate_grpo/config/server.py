@@ -70,3 +70,14 @@ class ServeArgs:
             raise ValueError(
                 "--max-lora-rank and --lora-target-modules go together (adapter-only weight sync)."
             )
+
+    def engine_kwargs(self) -> dict:
+        """`ColocatedEngine` keyword arguments (the options above carry the engine's own argument names)."""
+        names = ("tensor_parallel_size", "dtype", "max_model_len", "max_num_seqs", "gpu_memory_utilization")
+        names += ("enforce_eager", "seed", "trust_remote_code", "model_impl")
+        lora = None
+        if self.max_lora_rank:
+            from ..engine.lora import serving_settings
+
+            lora = serving_settings(self.max_lora_rank, list(self.lora_target_modules))
+        return {**{name: getattr(self, name) for name in names}, "lora": lora}

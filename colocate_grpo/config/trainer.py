@@ -67,13 +67,13 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
     """`trl.GRPOConfig` plus the colocated-engine and weight-sync settings.
 
     Reward-side options (`reward_on_error`, `overlong_*`, `dynamic_sampling*`) are documented in
-    `colocate_grpo.config_rewards.RewardOptions`.
+    `colocate_grpo.config.rewards.RewardOptions`.
 
     Args:
         vllm_mode (`Literal["colocate", "server"]`, *optional*, defaults to `"colocate"`):
             Where generation runs: `colocate` builds a vLLM engine inside every training rank; `server` sends
             generation and weight updates to a server started with `python -m colocate_grpo.serve` (only the main
-            process talks to it; see `colocate_grpo.engine.remote`).
+            process talks to it; see `colocate_grpo.server.remote`).
         vllm_server_base_url (`str`, *optional*):
             Server mode: the server's URL, e.g. `http://10.0.0.2:8000`; overrides `vllm_server_host` /
             `vllm_server_port`.
@@ -315,6 +315,23 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
                 "vllm_model_impl applies to colocate mode; in server mode pass --model-impl transformers to "
                 "`python -m colocate_grpo.serve` and leave vllm_model_impl at its default."
             )
+
+    def engine_kwargs(self, max_num_seqs: int, lora: dict | None = None) -> dict:
+        """`ColocatedEngine` keyword arguments for this run (`max_num_seqs` comes from TRL's batch arithmetic, `lora`
+        from the PEFT model: see `trainer.generation`)."""
+        return {
+            "tensor_parallel_size": self.vllm_tensor_parallel_size,
+            "dtype": self.vllm_dtype,
+            "max_model_len": self.vllm_max_model_length,
+            "max_num_seqs": max_num_seqs,
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+            "enable_sleep_mode": self.vllm_enable_sleep_mode,
+            "enforce_eager": self.vllm_enforce_eager,
+            "seed": self.seed,
+            "lora": lora,
+            "trust_remote_code": self.trust_remote_code,
+            "model_impl": self.vllm_model_impl,
+        }
 
     @property
     def server_url(self) -> str:

@@ -34,6 +34,17 @@ from .sampling import Rollouts, SamplingConfig, request_seed
 __all__ = ["ColocatedEngine", "SamplingConfig", "Rollouts", "configure_cpu_runtime"]
 
 
+def _prepare_process(on_cpu: bool, rank: int, world: int) -> None:
+    """What this process needs before vLLM builds an engine in it."""
+    if on_cpu:
+        keep_cpu_linear_weights()  # must precede weight loading, or load_weights has nothing to load into
+        unique_cpu_shm_names()
+    # external_launcher reads the torch.distributed coordinates from the environment.
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_RANK", str(local_rank(rank, world)))
+
+
 class ColocatedEngine:
     """A vLLM engine living inside this training rank.
 
@@ -96,13 +107,7 @@ class ColocatedEngine:
             raise ValueError(
                 "vllm_enable_sleep_mode: vLLM does not support sleep mode on CPU; set it to false on CPU machines."
             )
-        if self.on_cpu:
-            keep_cpu_linear_weights()  # must precede weight loading, or load_weights has nothing to load into
-            unique_cpu_shm_names()
-        # external_launcher reads the torch.distributed coordinates from the environment.
-        os.environ.setdefault("RANK", str(rank))
-        os.environ.setdefault("WORLD_SIZE", str(world))
-        os.environ.setdefault("LOCAL_RANK", str(local_rank(rank, world)))
+        _prepare_process(self.on_cpu, rank, world)
         self.enable_sleep_mode = enable_sleep_mode
         self.replica = rank // tensor_parallel_size
         with preserved_global_state():  # vLLM reseeds every global RNG and resets matmul precision

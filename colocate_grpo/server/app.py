@@ -2,7 +2,7 @@
 
 Serves one model over HTTP for one trainer: generation with the same sampling semantics as colocate mode (it runs
 the same `ColocatedEngine`), the sync probe's prompt logprobs, prefix-cache reset, and weight updates streamed in
-byte-capped buckets (HTTP safetensors bodies, or NCCL broadcasts announced over HTTP; see `engine.wire`).
+byte-capped buckets (HTTP safetensors bodies, or NCCL broadcasts announced over HTTP; see `server.wire`).
 
 Launch (binds to loopback unless told otherwise; `--host 0.0.0.0` serves other machines):
     python -m colocate_grpo.serve --model .cache/models/smollm2-135m --port 8000
@@ -44,23 +44,8 @@ class EngineHost:
     def __init__(self, args: ServeArgs):
         from ..engine.colocated import ColocatedEngine
 
-        lora = None
-        if args.max_lora_rank:
-            lora = {"max_rank": args.max_lora_rank, "target_modules": list(args.lora_target_modules)}
         self.args = args
-        self.engine: ServedEngine = ColocatedEngine(
-            args.model,
-            tensor_parallel_size=args.tensor_parallel_size,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.enforce_eager,
-            seed=args.seed,
-            lora=lora,
-            trust_remote_code=args.trust_remote_code,
-            model_impl=args.model_impl,
-        )
+        self.engine: ServedEngine = ColocatedEngine(args.model, **args.engine_kwargs())
         self.loaded: set[str] = set()
         self.count = 0
         self.version = 0  # completed weight updates

@@ -21,6 +21,8 @@ from ..engine.runtime import nccl_group
 from ..engine.sampling import Rollouts, SamplingConfig
 from . import wire
 
+# What a request that never got an HTTP answer raises (refused, reset, timed out, cut off mid-body).
+_NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError)
 _RETRY_STATUS = (502, 503, 504)
 
 
@@ -89,13 +91,7 @@ class ServerClient:
                         f"vLLM server at {self.base_url} failed {path} (HTTP {exc.code}): {detail}"
                     ) from None
                 reason = f"HTTP {exc.code}"
-            except (
-                urllib.error.URLError,
-                TimeoutError,
-                ConnectionError,
-                http.client.HTTPException,
-                OSError,
-            ) as exc:
+            except _NETWORK_ERRORS as exc:
                 reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
         raise ServerError(
             f"vLLM server at {self.base_url} did not answer {path} ({reason}) after {self.retries + 1} attempts with a "
@@ -114,13 +110,7 @@ class ServerClient:
                     f"{self.base_url}/health", timeout=min(10.0, timeout)
                 ) as response:
                     return json.loads(response.read())
-            except (
-                urllib.error.URLError,
-                TimeoutError,
-                ConnectionError,
-                http.client.HTTPException,
-                OSError,
-            ) as exc:
+            except _NETWORK_ERRORS as exc:
                 reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
             if time.monotonic() + 1 > deadline:
                 raise ServerError(

@@ -247,20 +247,7 @@ def build_colocated_engine(model: torch.nn.Module, args, max_num_seqs: int) -> C
 
     configure_cpu_runtime(args.local_world_size, args.vllm_cpu_kvcache_space_gb)
     lora = engine_lora_settings(model) if args.weight_sync_lora_mode == "adapter" else None
-    return ColocatedEngine(
-        model.name_or_path,
-        tensor_parallel_size=args.vllm_tensor_parallel_size,
-        dtype=args.vllm_dtype,
-        max_model_len=args.vllm_max_model_length,
-        max_num_seqs=max_num_seqs,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        enable_sleep_mode=args.vllm_enable_sleep_mode,
-        enforce_eager=args.vllm_enforce_eager,
-        seed=args.seed,
-        lora=lora,
-        trust_remote_code=args.trust_remote_code,
-        model_impl=args.vllm_model_impl,
-    )
+    return ColocatedEngine(model.name_or_path, **args.engine_kwargs(max_num_seqs, lora))
 
 
 def build_remote_engine(model: torch.nn.Module, args) -> RemoteEngine:

@@ -109,7 +109,7 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
         store["sampling/train_inference_abs_logprob_diff"].append(abs_diff / max(count, 1.0))
 
     def create_accelerator_and_postprocess(self) -> None:
-        """accelerate's Accelerator, with FSDP / DeepSpeed really enabled on CPU (see `colocate_grpo.launch`)."""
+        """accelerate's Accelerator, with FSDP / DeepSpeed really enabled on CPU (see `colocate_grpo.trainer.cpu_sharding`)."""
         with cpu_sharding_support():
             super().create_accelerator_and_postprocess()
         fix_cpu_accelerator(self.accelerator)

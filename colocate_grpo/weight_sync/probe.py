@@ -29,7 +29,7 @@ def probe_settings(
 ) -> tuple[str, float]:
     """The statistic the probe checks and its tolerance, from the engine's real dtype and the trainer's.
 
-    Measured on SmolLM2-135M (83-token probe; `python -m colocate_grpo.bench_verify` reruns it):
+    Measured on SmolLM2-135M (83-token probe; `python -m colocate_grpo.bench.verify` reruns it):
     - float32 on both sides: a correct sync agrees to <= 1e-4 in max |logprob difference| while one skipped step at
       lr 2e-5 shows 0.026, so the **max** is checked against 1e-3 and a single missed step is caught by the probe too.
     - 16-bit engine, float32 trainer: bf16 rounding alone moves the engine's logprobs by a mean of 0.004 to 0.23 per

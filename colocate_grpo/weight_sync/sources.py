@@ -151,6 +151,13 @@ def plan_buckets(
 
         return [(lambda g=g: gather_fsdp1(units_of(g)), g) for g in _pack(items, unit_bytes, cap)]
 
+    return _plan_sharded(items, backend, bucket_bytes, shm)
+
+
+def _plan_sharded(items: list[SyncItem], backend: str, bucket_bytes: int | None, shm: bool) -> list[Bucket]:
+    """FSDP2 / ZeRO-3 plan: buckets gathered through one shared-memory buffer sized for the largest (when every rank
+    agrees `/dev/shm` has room), else by collectives whose transient buffers count against the cap."""
+    cap = bucket_bytes if bucket_bytes is not None else 0
     shared = {id(item): {id(p): shared_bytes([p]) for p in item.params} for item in items}
 
     def param_bytes(item: SyncItem) -> dict[int, int]:

@@ -56,6 +56,12 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
         ({"weight_sync_bucket_mb": 0}, "weight_sync_bucket_mb"),
         ({"vllm_cpu_kvcache_space_gb": 0}, "vllm_cpu_kvcache_space_gb"),
         ({"max_completion_length": 0}, "max_completion_length"),
+        # TRL options its own backend would honour and ours does not: rejected, never silently dropped.
+        ({"vllm_structured_outputs_regex": "[0-9]+"}, "vllm_structured_outputs_regex"),
+        (
+            {"vllm_mode": "server", "vllm_model_impl": "transformers"},
+            "in server mode pass --model-impl transformers",
+        ),
     ],
 )
 def test_validation_errors_name_the_field(tmp_path, override, message):

@@ -56,3 +56,9 @@ def launch_tiny(tiny_model, out, port: int, *flags: str, config: str = "accelera
         ],
         timeout=600,
     )
+
+
+def synced_steps(out: Path) -> list[dict]:
+    """The logged rows of a finished run's `log_history.json` that carry a sync (one per optimizer step)."""
+    history = json.loads((Path(out) / "log_history.json").read_text())
+    return [row for row in history if "sync/probe_max_logprob_diff" in row]

@@ -3,7 +3,6 @@ server stops every trainer rank with a clear error within the timeouts."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import time
 import pytest
 
 from colocate_grpo.server.client import ServerClient
-from tests.helpers.launch import ROOT, run_cmd
+from tests.helpers.launch import ROOT, run_cmd, synced_steps
 from tests.helpers.server import free_port, start_server, train_cmd
 
 pytestmark = pytest.mark.slow
@@ -24,8 +23,7 @@ def test_training_in_server_mode_syncs_and_probes_every_step(server, tiny_model,
     flags = ["--weight_sync_bucket_mb", "4"]  # several buckets per sync
     result = run_cmd(train_cmd(tiny_model, out, server, *flags, processes=processes, config=config))
     assert result.returncode == 0, result.stderr[-4000:]
-    history = json.loads((out / "log_history.json").read_text())
-    steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
+    steps = synced_steps(out)
     assert len(steps) == 3
     assert all(row["sync/probe_max_logprob_diff"] < 1e-4 for row in steps)
     assert all(row["sync/bytes"] > 0 for row in steps)

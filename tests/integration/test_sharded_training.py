@@ -3,11 +3,9 @@ sync is verified and the policy really is sharded."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.helpers.launch import launch_tiny
+from tests.helpers.launch import launch_tiny, synced_steps
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +23,7 @@ def test_sharded_training_run_verifies_every_sync(tiny_model, tmp_path, backend,
     port = 29850 + 3 * BACKENDS.index(backend) + [None, "merged", "adapter"].index(lora)
     result = launch_tiny(tiny_model, out, port, *flags, config=f"accelerate_configs/{backend}_cpu.yaml")
     assert result.returncode == 0, result.stderr[-4000:]
-    history = json.loads((out / "log_history.json").read_text())
-    steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
+    steps = synced_steps(out)
     assert len(steps) == 3
     assert all(row["sync/probe_max_logprob_diff"] < 1e-4 for row in steps)
     assert all(row["sync/local_param_fraction"] == pytest.approx(0.5, abs=0.05) for row in steps)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.launch import bin_path, launch_tiny, run_cmd
+from tests.helpers.launch import bin_path, launch_tiny, run_cmd, synced_steps
 
 pytestmark = pytest.mark.slow
 
@@ -18,8 +18,7 @@ def test_accelerate_launch_trains_syncs_and_saves(tiny_model, tmp_path, tp, eage
         tiny_model, out, 29700 + tp, "--vllm_tensor_parallel_size", str(tp), "--vllm_enforce_eager", eager
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    history = json.loads((out / "log_history.json").read_text())
-    steps = [row for row in history if "sync/probe_max_logprob_diff" in row]
+    steps = synced_steps(out)
     assert len(steps) == 3
     # The probe ran after every sync and always matched (fp32 tolerance 1e-3; a correct push gives ~1e-6).
     assert all(row["sync/probe_max_logprob_diff"] < 1e-4 for row in steps)
@@ -70,8 +69,7 @@ def test_lora_merge_then_sync_matches_after_every_step(tiny_model, tmp_path):
         "5e-2",
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    history = json.loads((out / "log_history.json").read_text())
-    diffs = [row["sync/probe_max_logprob_diff"] for row in history if "sync/probe_max_logprob_diff" in row]
+    diffs = [row["sync/probe_max_logprob_diff"] for row in synced_steps(out)]
     assert len(diffs) == 3 and max(diffs) < 1e-4
     # The adapter really trained (LoRA B starts at zero), so syncs 2 and 3 pushed merged weights != the base.
     adapter = load_file(out / "adapter_model.safetensors")

@@ -62,3 +62,21 @@ def test_local_jsonl_to_chat_with_system_prompt(tmp_path):
     assert data["answer"] == ["1", "2", "3"]
     with pytest.raises(ValueError, match="answer_column"):
         to_chat(data, "prompt", "missing", None)
+
+
+def test_code_reward_options_come_from_the_run_not_from_module_state():
+    """Two code rewards built with different options in one process each keep their own limits (no global)."""
+    from types import SimpleNamespace
+
+    slow_adder = "```python\nimport time\ntime.sleep(2)\na, b = map(int, input().split())\nprint(a + b)\n```"
+    tests = {"inputs": ["1 2\n"], "outputs": ["3"]}
+    strict = SimpleNamespace(code_timeout_s=0.5, code_memory_mb=256, code_max_workers=1)
+    lenient = SimpleNamespace(code_timeout_s=20.0, code_memory_mb=256, code_max_workers=1)
+    (strict_reward,) = build_reward_funcs(["code"], strict)
+    (lenient_reward,) = build_reward_funcs(["code"], lenient)
+    assert strict_reward.__name__ == lenient_reward.__name__ == "code_reward"  # TRL logs rewards by name
+    assert strict_reward([slow_adder], tests=[tests]) == [0.0]  # killed at 0.5 s
+    assert lenient_reward([slow_adder], tests=[tests]) == [1.0]  # the control: the program itself is right
+    assert strict_reward([slow_adder], tests=[tests]) == [
+        0.0
+    ]  # building the second changed nothing in the first

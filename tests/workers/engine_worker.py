@@ -14,6 +14,7 @@ from colocate_grpo.engine.colocated import ColocatedEngine, SamplingConfig, conf
 from colocate_grpo.weight_sync import SyncProbe, weight_source
 
 
+# One straight script, longer than ~60 lines on purpose: it reads top to bottom in the order its report is written.
 def main(model_dir: str, tp: int, report_dir: str, sleep: bool = False) -> None:
     on_gpu = torch.cuda.is_available()
     if on_gpu:

@@ -52,6 +52,7 @@ def sabotage(engine, kind: str, layer: int, stale: dict):
     engine.load_buckets = load
 
 
+# One straight script, longer than ~60 lines on purpose: it reads top to bottom in the order its report is written.
 def main(model_dir, report_dir, engine_dtype, trainer_dtype, tp, correct_steps):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
