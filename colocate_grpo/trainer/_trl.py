@@ -6,6 +6,7 @@ Nothing else in the package reaches into TRL's privates or its module globals; v
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -14,12 +15,11 @@ import trl
 import trl.trainer.grpo_trainer as _grpo_module
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
-# Also version-dependent, and overridden by `ColocateGRPOTrainer`: the signature of
-# `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
-# compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies, aux_loss)` (TRL 1.16).
 __all__ = [
     "BACKEND_OPTIONS",
+    "OVERRIDDEN_HOOKS",
     "SUPPORTED_TRL",
+    "check_hooks",
     "entropy_from_logits",
     "generation_backend",
     "llm_view",
@@ -81,6 +81,33 @@ def generation_backend(factory: Callable[..., object]) -> Iterator[None]:
             "trl.trainer.grpo_trainer.VLLMGeneration, so ColocateGRPOTrainer could not install its engine; use the "
             f"TRL release colocate_grpo supports ({SUPPORTED_TRL}) or update colocate_grpo.trainer._trl."
         )
+
+
+# The GRPOTrainer methods `ColocateGRPOTrainer` (grpo.py, rewards.py) overrides, with the leading parameters each
+# override relies on (TRL 1.16). A renamed hook would otherwise be silently never called.
+OVERRIDDEN_HOOKS: dict[str, tuple[str, ...]] = {
+    "_prepare_inputs": ("generation_batch",),
+    "_compute_loss": ("model", "inputs"),
+    "_get_per_token_logps_and_entropies": (
+        "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss",
+    ),
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("inputs",),
+    "create_accelerator_and_postprocess": (),
+}  # fmt: skip
+
+
+def check_hooks(trainer_class: type = trl.GRPOTrainer) -> None:
+    """Raise `RuntimeError` naming the hook if `trainer_class` lacks one we override or its parameters moved."""
+    for name, expected in OVERRIDDEN_HOOKS.items():
+        method = getattr(trainer_class, name, None)
+        params = tuple(inspect.signature(method).parameters)[1 : len(expected) + 1] if method else None
+        if params != expected:
+            raise RuntimeError(
+                f"trl {trl.__version__}: GRPOTrainer.{name} is {'missing' if method is None else params}, expected "
+                f"{expected}; ColocateGRPOTrainer's override would not be called as written. Use trl "
+                f"{SUPPORTED_TRL} or update colocate_grpo.trainer."
+            )
 
 
 def metrics_store(trainer) -> dict:

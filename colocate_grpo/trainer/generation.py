@@ -1,8 +1,10 @@
-"""The bridge between TRL's GRPOTrainer and the colocated engine.
+"""The generation backend TRL's GRPOTrainer calls: where a weight goes from the optimizer step to vLLM.
 
 `ColocatedGeneration` has the interface TRL's trainer calls on its generation backend (`sync_weights()` once per
-new set of weights, `generate(...)` every generation round), and composes three parts built without a trainer:
-an engine (`ColocatedEngine`), a weight source (`colocate_grpo.weight_sync`) and a probe (`SyncProbe`).
+new set of weights, `generate(...)` every generation round), and composes parts built without a trainer: an
+`Engine` (`engine.colocated.ColocatedEngine` in this process, or `server.remote.RemoteEngine`), a weight source
+(`colocate_grpo.weight_sync`) and the two verifications (`DigestCheck`, `SyncProbe`). `build_generation` builds them
+from a `ColocateGRPOConfig`; TRL reaches it only through `trainer._trl.generation_backend`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 import trl
 
 from ..config import ColocateGRPOConfig
-from ._trl import generation_backend, metrics_store
+from ._trl import check_hooks, generation_backend, metrics_store
 from .callbacks import MetricsPlotCallback
 from .cpu_sharding import cpu_sharding_support, fix_cpu_accelerator
 from .generation import ColocatedGeneration, build_generation
@@ -52,6 +52,7 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
                 "ColocateGRPOConfig(**your_grpo_config.to_dict())."
             )
 
+        check_hooks()
         reward_funcs = prepare_reward_funcs(reward_funcs, args)
 
         def factory(*, model, processing_class, max_num_seqs, **_from_args):

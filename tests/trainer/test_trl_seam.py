@@ -9,7 +9,7 @@ import pytest
 import trl
 import trl.trainer.grpo_trainer as grpo_module
 
-from colocate_grpo.trainer._trl import BACKEND_OPTIONS, generation_backend, llm_view
+from colocate_grpo.trainer._trl import BACKEND_OPTIONS, check_hooks, generation_backend, llm_view
 
 
 def test_trl_that_never_calls_the_factory_is_a_loud_error():
@@ -42,3 +42,21 @@ def test_every_option_of_trls_own_backend_is_known():
 
 def test_llm_view_answers_what_trls_tool_loop_reads():
     assert llm_view(512).llm_engine.model_config.max_model_len == 512
+
+
+def test_hooks_we_override_exist_in_this_trl():
+    check_hooks()  # the installed TRL
+
+
+def test_a_renamed_or_reshaped_hook_is_a_loud_error():
+    class Renamed(trl.GRPOTrainer):
+        _compute_loss = None  # e.g. TRL renamed it
+
+    class Reshaped(trl.GRPOTrainer):
+        def _prepare_inputs(self, batch, extra):  # parameters moved
+            pass
+
+    with pytest.raises(RuntimeError, match="GRPOTrainer._compute_loss is missing"):
+        check_hooks(Renamed)
+    with pytest.raises(RuntimeError, match=r"GRPOTrainer._prepare_inputs is \('batch',\)"):
+        check_hooks(Reshaped)
