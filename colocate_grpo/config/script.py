@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Literal
 
 import trl
 
@@ -25,6 +26,10 @@ class ScriptArguments(trl.ScriptArguments):
             Column holding the reference answer, passed to rewards as `answer`.
         system_prompt (`str`, *optional*):
             System message prepended to every prompt.
+        prompt_format (`Literal["auto", "chat", "text"]`, *optional*, defaults to `"auto"`):
+            `chat`: prompts become chat messages (rendered by the tokenizer's chat template); `text`: plain strings
+            (system prompt and question joined by a blank line), for base models without a chat template. `auto`:
+            chat when the tokenizer has a chat template, text otherwise.
         reward_funcs (`list[str]`, *optional*, defaults to `["accuracy", "format"]`):
             Reward names from `colocate_grpo.rewards.REGISTRY`, or dotted paths `pkg.module.func` to user functions.
     """
@@ -36,6 +41,12 @@ class ScriptArguments(trl.ScriptArguments):
     answer_column: str = field(default="answer", metadata={"help": "Column with the reference answer."})
     system_prompt: str | None = field(
         default=None, metadata={"help": "System message prepended to every prompt."}
+    )
+    prompt_format: Literal["auto", "chat", "text"] = field(
+        default="auto",
+        metadata={
+            "help": "chat messages or plain text prompts; auto: chat if the tokenizer has a chat template."
+        },
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy", "format"],

@@ -50,6 +50,10 @@ def check_engine_dtype(
         )
 
 
+# `--resume_from_checkpoint true|false` on the command line (a path otherwise).
+_BOOLEAN = {"true": True, "yes": True, "1": True, "false": None, "no": None, "0": None, "": None}
+
+
 def _check_cpu_deepspeed_env() -> None:
     """A DeepSpeed launch on a CPU-only machine needs DeepSpeed's CPU accelerator chosen before it is imported; the
     CLI sets it (`trainer.cpu_sharding.configure_cpu_sharding_env`), Python users call that first."""
@@ -217,6 +221,10 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
                 self.bf16 = False  # bf16 is emulated (slow) on CPUs without AVX512-BF16
             _check_cpu_deepspeed_env()  # before TrainingArguments builds a DeepSpeed plugin
         self._check_fields(on_gpu)
+        self._check_numbers()
+        if isinstance(self.resume_from_checkpoint, str) and self.resume_from_checkpoint.lower() in _BOOLEAN:
+            # `--resume_from_checkpoint true` on the command line arrives as the string "true" (YAML gives True).
+            self.resume_from_checkpoint = _BOOLEAN[self.resume_from_checkpoint.lower()]
         super().__post_init__()
         self.check_reward_options()
         world = self.launch_world_size
@@ -267,6 +275,33 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}.")
         if self.vllm_cpu_kvcache_space_gb < 1:
             raise ValueError(f"vllm_cpu_kvcache_space_gb must be >= 1, got {self.vllm_cpu_kvcache_space_gb}.")
+
+    def _check_numbers(self) -> None:
+        """Numbers no run can train with, named before anything loads (TRL would fail late or silently)."""
+        positive = (
+            "learning_rate",
+            "temperature",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+        )
+        for name in (*positive, "num_iterations", "steps_per_generation"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(
+                    f"{name} must be > 0, got {value} (e.g. learning_rate: 1e-6, temperature: 1.0)."
+                )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; 1.0 disables nucleus sampling.")
+        if self.max_steps == 0 or (self.max_steps < 0 and not self.num_train_epochs > 0):
+            raise ValueError(
+                f"max_steps={self.max_steps} / num_train_epochs={self.num_train_epochs} train nothing; set "
+                "max_steps > 0 or num_train_epochs > 0 (max_steps: -1 means train for num_train_epochs)."
+            )
+        if self.beta < 0 or self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"beta must be >= 0 and num_generations >= 2 (GRPO compares completions within a group), got "
+                f"beta={self.beta}, num_generations={self.num_generations}."
+            )
 
     def _check_server_fields(self, on_gpu: bool) -> None:
         from urllib.parse import urlparse

@@ -137,7 +137,9 @@ def test_impossible_engine_dtype_is_a_named_error_before_loading(tmp_path):
     (model / "config.json").write_text('{"model_type": "gemma2"}')
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({**BASE, "model_name_or_path": str(model), "vllm_dtype": "float16"}))
-    with pytest.raises(ValueError, match="vllm_dtype=float16: vLLM cannot run gemma2 models in float16"):
+    with pytest.raises(
+        SystemExit, match="colocate_grpo: vllm_dtype=float16: vLLM cannot run gemma2 models in float16"
+    ):
         main(["--config", str(recipe)])
     check_engine_dtype("auto", "gemma2", None)  # vLLM's own rule never picks float16 for them
 

@@ -157,3 +157,48 @@ def test_gpu_shaped_bf16_engine_fp32_trainer_lora_adapter_mode(tiny_model, tmp_p
     assert steps[0]["sync/digest_mismatched_layers"] == 0.0  # the base weights, sent once, verified exactly
     assert steps[-1]["sync/bytes"] < 0.05 * steps[0]["sync/bytes"]  # then only the adapter
     assert max(row["sampling/train_inference_kl"] for row in steps) > 0.0  # bf16 sampling is not fp32 scoring
+
+
+def test_cli_trains_on_the_train_file_of_a_folder_with_solution_references(tiny_model, tmp_path):
+    """A dataset folder as users keep one (train.jsonl + test.jsonl, open-r1's `solution` column): only the train file
+    is trained on, and the accuracy reward reads the references."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(32)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (data / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:8]))
+    out = tmp_path / "run"
+    flags = [
+        "--dataset_name",
+        str(data),
+        "--prompt_column",
+        "question",
+        "--max_steps",
+        "2",
+        "--plot_metrics",
+        "false",
+    ]
+    result = launch_tiny(tiny_model, out, 29790, *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "using the 'train' split (train: train.jsonl; test: test.jsonl)" in result.stdout
+    steps = synced_steps(out)
+    assert len(steps) == 2
+    # 2 steps x 2 ranks x 1 prompt group of the 32 training rows (with the 8 test rows it would be 40).
+    assert steps[-1]["epoch"] == pytest.approx(2 * 2 / 32)
+    assert all("rewards/accuracy_reward/mean" in row for row in steps)
+
+
+def test_cli_trains_a_model_without_a_chat_template_on_plain_text_prompts(tiny_model, tmp_path):
+    """`prompt_format: auto` picks plain text when the tokenizer has no chat template (chat prompts would fail at the
+    first step); the run trains and syncs as usual."""
+    import shutil
+
+    base = tmp_path / "base-model"
+    shutil.copytree(tiny_model, base)
+    (base / "chat_template.jinja").unlink()
+    out = tmp_path / "run"
+    flags = ["--model_name_or_path", str(base), "--max_steps", "2", "--plot_metrics", "false"]
+    result = launch_tiny(tiny_model, out, 29792, *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = synced_steps(out)
+    assert len(steps) == 2 and all(row["sync/probe_max_logprob_diff"] < 1e-4 for row in steps)
