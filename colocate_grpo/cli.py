@@ -53,7 +53,7 @@ def parse(argv: list[str] | None = None) -> tuple[ScriptArguments, ColocateGRPOC
 
 def prepare_data(script_args: ScriptArguments, training_args: ColocateGRPOConfig, model_args: ModelArguments):
     """The reward functions and the training prompts, each reward's columns checked: still before any model loads."""
-    from .data import load_split, prompt_columns, to_chat
+    from .data import load_eval_prompts, load_split, prompt_columns, to_chat
     from .preflight import uses_chat
     from .rewards import build_reward_funcs, check_reward_inputs
 
@@ -69,7 +69,11 @@ def prepare_data(script_args: ScriptArguments, training_args: ColocateGRPOConfig
             script_args.system_prompt,
         )
         dataset = to_chat(raw, prompt, answer, system, chat)
-    return reward_funcs, dataset
+        evaluation = None
+        if training_args.eval_strategy != "no":
+            evaluation = load_eval_prompts(script_args, seed=training_args.seed, chat=chat)
+            check_reward_inputs(script_args.reward_funcs, evaluation.column_names)
+    return reward_funcs, dataset, evaluation
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         configure_cpu_sharding_env()  # before the config builds a DeepSpeed plugin (DeepSpeed reads it at import)
     script_args, training_args, model_args = parse(argv)
-    reward_funcs, dataset = prepare_data(script_args, training_args, model_args)
+    reward_funcs, dataset, evaluation = prepare_data(script_args, training_args, model_args)
     from .trainer.grpo import ColocateGRPOTrainer
 
     init_kwargs = dict(training_args.model_init_kwargs or {})
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=dataset,
+        eval_dataset=evaluation,
         peft_config=trl.get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

@@ -110,11 +110,20 @@ def split_files(files: list[Path]) -> dict[str, list[Path]]:
     return ordered
 
 
-def _load_local(path: Path, split: str) -> Dataset:
+def local_splits(path: Path) -> dict[str, list[str]]:
+    """File names by split of a local dataset file or folder (a single file is the `train` split)."""
+    return {k: [p.name for p in v] for k, v in _local_split_files(path).items()}
+
+
+def _local_split_files(path: Path) -> dict[str, list[Path]]:
     files = sorted(p for p in path.iterdir() if p.suffix in _LOCAL_FORMATS) if path.is_dir() else [path]
     if not files or files[0].suffix not in _LOCAL_FORMATS:
         raise ValueError(f"dataset_name={path}: expected {sorted(_LOCAL_FORMATS)} files.")
-    splits = split_files(files) if path.is_dir() else {"train": files}
+    return split_files(files) if path.is_dir() else {"train": files}
+
+
+def _load_local(path: Path, split: str) -> Dataset:
+    splits = _local_split_files(path)
     if split not in splits or split == "unused":
         raise ValueError(
             f"dataset_name={path}: no {split!r} split there (files by split: "
@@ -228,4 +237,18 @@ def load_prompts(script_args, seed: int = 0, chat: bool = True) -> Dataset:
         chat (`bool`, *optional*, defaults to `True`): chat messages, or plain text (see `to_chat`).
     """
     raw = load_split(script_args, seed)
+    return to_chat(raw, script_args.prompt_column, script_args.answer_column, script_args.system_prompt, chat)
+
+
+def load_eval_prompts(script_args, seed: int = 0, chat: bool = True) -> Dataset:
+    """The evaluation prompts: `eval_dataset_name` (its `dataset_test_split`; a single file or a generated task as a
+    whole, generated with another seed than training) or the `dataset_test_split` of `dataset_name`."""
+    name = script_args.eval_dataset_name or script_args.dataset_name
+    split = script_args.dataset_test_split
+    path = Path(name).expanduser()
+    if script_args.eval_dataset_name and (
+        path.is_file() or name.startswith(RG_PREFIX) or name == "humaneval"
+    ):
+        split = "train"  # the whole file / the generated set is the evaluation data
+    raw = _load_raw(name, script_args.dataset_config, split, script_args.dataset_size, seed + 10_000)
     return to_chat(raw, script_args.prompt_column, script_args.answer_column, script_args.system_prompt, chat)

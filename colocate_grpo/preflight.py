@@ -8,7 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import ColocateGRPOConfig, ModelArguments, ScriptArguments, check_engine_dtype, check_lora_mode
+from .config import (
+    ColocateGRPOConfig,
+    ModelArguments,
+    ScriptArguments,
+    check_engine_dtype,
+    check_eval,
+    check_lora_mode,
+)
 
 # vLLM-CPU's attention kernels need at least this head size (a smaller model fails at its first generation).
 CPU_MIN_HEAD_DIM = 64
@@ -36,17 +43,28 @@ def check_model(training_args: ColocateGRPOConfig, model_args: ModelArguments) -
         )
 
 
-def check_dataset(script_args: ScriptArguments) -> None:
-    """A dataset name that is a path must exist (otherwise `datasets` reports a misleading hub error)."""
-    from .data import looks_like_path
+def check_dataset(script_args: ScriptArguments, training_args: ColocateGRPOConfig) -> None:
+    """A dataset name that is a path must exist (otherwise `datasets` reports a misleading hub error); with
+    `eval_strategy` on and no `eval_dataset_name`, a local dataset must hold a test split."""
+    from .data import local_splits, looks_like_path
 
-    name = script_args.dataset_name
-    if looks_like_path(name) and not Path(name).expanduser().exists():
-        raise ValueError(
-            f"dataset_name={name}: no such file or folder (relative paths start from {Path.cwd()}); pass an "
-            "existing json/jsonl/parquet/csv file or folder, a hub id such as `openai/gsm8k`, or "
-            "`reasoning_gym:<task>`."
-        )
+    check_eval(script_args, training_args)
+    for field_name in ("dataset_name", "eval_dataset_name"):
+        name = getattr(script_args, field_name)
+        if name and looks_like_path(name) and not Path(name).expanduser().exists():
+            raise ValueError(
+                f"{field_name}={name}: no such file or folder (relative paths start from {Path.cwd()}); pass an "
+                "existing json/jsonl/parquet/csv file or folder, a hub id such as `openai/gsm8k`, or "
+                "`reasoning_gym:<task>`."
+            )
+    path, split = Path(script_args.dataset_name).expanduser(), script_args.dataset_test_split
+    if training_args.eval_strategy != "no" and not script_args.eval_dataset_name and path.exists():
+        if split not in local_splits(path):
+            raise ValueError(
+                f"eval_strategy={training_args.eval_strategy}: dataset_name={path} has no {split!r} split (files "
+                f"by split: {local_splits(path)}); add a {split}.jsonl (or similar) file, set eval_dataset_name, or "
+                "eval_strategy: no."
+            )
 
 
 def latest_checkpoint(output_dir: str) -> Path | None:
@@ -87,7 +105,7 @@ def check_all(
 ) -> None:
     check_lora_mode(training_args, model_args)
     check_model(training_args, model_args)
-    check_dataset(script_args)
+    check_dataset(script_args, training_args)
     check_resume(training_args)
 
 

@@ -90,3 +90,17 @@ def test_the_real_command_fails_within_seconds(tiny_model, tmp_path):
     assert "colocate_grpo: learning_rate must be > 0" in result.stderr
     assert "Traceback" not in result.stderr
     assert time.monotonic() - start < 60  # imports only: no model, no engine
+
+
+def test_evaluation_needs_a_test_split_and_finds_a_folders_test_file(tiny_model, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"question": "1+1?", "answer": "2"}')
+    evaluate = ["--dataset_name", str(data), "--eval_strategy", "steps"]
+    with pytest.raises(SystemExit, match="has no 'test' split"):
+        parse(tiny_args(tiny_model, tmp_path, *evaluate))
+    (data / "test.jsonl").write_text('{"question": "2+2?", "answer": "4"}')
+    script, args, _ = parse(
+        tiny_args(tiny_model, tmp_path, *evaluate)
+    )  # control: with the test file, no flag more
+    assert args.eval_strategy == "steps" and script.eval_dataset_name is None

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from colocate_grpo.data import load_prompts, split_files
+from colocate_grpo.data import load_eval_prompts, load_prompts, split_files
 from colocate_grpo.rewards import check_reward_inputs
 
 
@@ -80,3 +80,18 @@ def test_plain_text_prompts_for_models_without_a_chat_template(tmp_path):
     write_jsonl(tmp_path / "m.jsonl", [{"question": [{"role": "user", "content": "hi"}], "answer": "x"}])
     with pytest.raises(ValueError, match="holds chat messages but prompt_format is text"):
         load_prompts(args_for(tmp_path / "m.jsonl"), chat=False)
+
+
+def test_evaluation_prompts_come_from_the_test_split_or_the_eval_dataset(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"question": f"train {i}", "answer": i} for i in range(6)])
+    write_jsonl(tmp_path / "test.jsonl", [{"question": f"test {i}", "answer": i} for i in range(2)])
+    evaluation = load_eval_prompts(args_for(tmp_path, dataset_test_split="test", eval_dataset_name=None))
+    assert [p[0]["content"] for p in evaluation["prompt"]] == ["test 0", "test 1"]
+    held_out = tmp_path / "held_out.jsonl"
+    write_jsonl(held_out, [{"question": "held out", "answer": 1}])
+    evaluation = load_eval_prompts(
+        args_for(tmp_path, dataset_test_split="test", eval_dataset_name=str(held_out))
+    )
+    assert [p[0]["content"] for p in evaluation["prompt"]] == [
+        "held out"
+    ]  # a single file is the whole eval set

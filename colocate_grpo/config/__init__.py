@@ -7,7 +7,7 @@ filesystem or threads happens in the CLI or the trainer.
 """
 
 from .rewards import RewardOptions
-from .script import ModelArguments, ScriptArguments, check_lora_mode
+from .script import ModelArguments, ScriptArguments, check_eval, check_lora_mode
 from .server import ServeArgs
 from .trainer import ColocateGRPOConfig, check_engine_dtype
 
@@ -18,5 +18,6 @@ __all__ = [
     "ScriptArguments",
     "ServeArgs",
     "check_engine_dtype",
+    "check_eval",
     "check_lora_mode",
 ]

@@ -30,6 +30,9 @@ class ScriptArguments(trl.ScriptArguments):
             `chat`: prompts become chat messages (rendered by the tokenizer's chat template); `text`: plain strings
             (system prompt and question joined by a blank line), for base models without a chat template. `auto`:
             chat when the tokenizer has a chat template, text otherwise.
+        eval_dataset_name (`str`, *optional*):
+            Evaluation data (same forms as `dataset_name`; its `dataset_test_split`, or the whole file). Unset, with
+            `eval_strategy` on: the `dataset_test_split` of `dataset_name` (a folder's test file, a hub test split).
         reward_funcs (`list[str]`, *optional*, defaults to `["accuracy", "format"]`):
             Reward names from `colocate_grpo.rewards.REGISTRY`, or dotted paths `pkg.module.func` to user functions.
     """
@@ -47,6 +50,10 @@ class ScriptArguments(trl.ScriptArguments):
         metadata={
             "help": "chat messages or plain text prompts; auto: chat if the tokenizer has a chat template."
         },
+    )
+    eval_dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Evaluation data (default with eval_strategy: the test split of dataset_name)."},
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy", "format"],
@@ -93,3 +100,15 @@ def check_lora_mode(training_args, model_args: ModelArguments) -> None:
         modules_to_save=model_args.lora_modules_to_save,
         use_dora=model_args.use_dora,
     )
+
+
+def check_eval(script_args: ScriptArguments, training_args) -> None:
+    """`eval_strategy` needs evaluation data; a generated task (`reasoning_gym:`, `humaneval`) has no test split."""
+    if training_args.eval_strategy == "no" or script_args.eval_dataset_name:
+        return
+    name = script_args.dataset_name
+    if name.startswith("reasoning_gym:") or name == "humaneval":
+        raise ValueError(
+            f"eval_strategy={training_args.eval_strategy}: dataset_name={name} has no test split; set "
+            "eval_dataset_name (e.g. another reasoning_gym task, or a file of held-out problems), or eval_strategy: no."
+        )

@@ -255,6 +255,18 @@ class ColocateGRPOConfig(trl.GRPOConfig, RewardOptions):
                 "fsdp_use_orig_params=false: the FSDP1 weight sync reads the original parameters inside each unit; "
                 "set `fsdp_use_orig_params: true` in the accelerate config (see accelerate_configs/fsdp1_cpu.yaml)."
             )
+        fsdp1 = (
+            os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+            and os.environ.get("FSDP_VERSION", "1") == "1"
+        )
+        if fsdp1 and not on_gpu and self.save_strategy != "no":
+            # accelerate's save_fsdp_model forces offload_to_cpu on multi-process full state dicts, and offloading
+            # CPU tensors makes FSDP1 free their storage: rank 0 dies with SIGSEGV in the first checkpoint.
+            raise ValueError(
+                f"save_strategy={self.save_strategy} with FSDP1 on CPU: accelerate's checkpoint writer crashes there; "
+                "use FSDP2 (accelerate_configs/fsdp2_cpu.yaml) or ZeRO-3 for checkpointed CPU runs, or "
+                "save_strategy: no (the final model is still saved)."
+            )
         if self.weight_sync_bucket_mb <= 0:
             raise ValueError(
                 f"weight_sync_bucket_mb must be > 0, got {self.weight_sync_bucket_mb}; it caps the extra memory a "

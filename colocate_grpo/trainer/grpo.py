@@ -53,6 +53,14 @@ class ColocateGRPOTrainer(RewardShapingMixin, trl.GRPOTrainer):
             )
 
         check_hooks()
+        unsupported = [name for name in ("tools", "environment_factory") if kwargs.get(name)]
+        if unsupported:
+            # TRL's tool loop generates again only for the samples that called a tool, so ranks would enter the
+            # engine a different number of times: a TP group (and the per-call seeds) would fall out of step.
+            raise ValueError(
+                f"{' and '.join(unsupported)}: ColocateGRPOTrainer does not run TRL's multi-turn tool loop yet; train "
+                "tool use with trl.GRPOTrainer, or pass a rollout_func that calls the tools itself."
+            )
         reward_funcs = prepare_reward_funcs(reward_funcs, args)
 
         def factory(*, model, processing_class, max_num_seqs, **_from_args):

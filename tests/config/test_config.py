@@ -189,3 +189,16 @@ def test_gpu_recipes_resolve_coherently_on_a_cuda_host(recipe):
     from colocate_grpo.trainer.generation import sleep_level_for
 
     assert sleep_level_for(torch.nn.Linear(2, 2), args) == 2
+
+
+def test_fsdp1_checkpoints_on_cpu_are_refused_before_loading(tmp_path, monkeypatch):
+    """accelerate's FSDP1 checkpoint writer crashes rank 0 on CPU: said at parse time, with the ways out."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only rule")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ValueError, match="save_strategy=steps with FSDP1 on CPU"):
+        parse(tmp_path, {**BASE, "save_strategy": "steps"})
+    parse(tmp_path, {**BASE, "save_strategy": "no"})  # control: the final model alone is fine
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    parse(tmp_path, {**BASE, "save_strategy": "steps"})  # control: FSDP2 checkpoints work

@@ -159,9 +159,10 @@ def test_gpu_shaped_bf16_engine_fp32_trainer_lora_adapter_mode(tiny_model, tmp_p
     assert max(row["sampling/train_inference_kl"] for row in steps) > 0.0  # bf16 sampling is not fp32 scoring
 
 
-def test_cli_trains_on_the_train_file_of_a_folder_with_solution_references(tiny_model, tmp_path):
+def test_cli_trains_on_the_train_file_of_a_folder_and_evaluates_on_its_test_file(tiny_model, tmp_path):
     """A dataset folder as users keep one (train.jsonl + test.jsonl, open-r1's `solution` column): only the train file
-    is trained on, and the accuracy reward reads the references."""
+    is trained on, the accuracy reward reads the references, and `eval_strategy` alone evaluates on the test file
+    through the engine (eval rewards per function in the log)."""
     data = tmp_path / "data"
     data.mkdir()
     rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(32)]
@@ -178,6 +179,7 @@ def test_cli_trains_on_the_train_file_of_a_folder_with_solution_references(tiny_
         "--plot_metrics",
         "false",
     ]
+    flags += ["--eval_strategy", "steps", "--eval_steps", "2"]
     result = launch_tiny(tiny_model, out, 29790, *flags)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "using the 'train' split (train: train.jsonl; test: test.jsonl)" in result.stdout
@@ -186,6 +188,10 @@ def test_cli_trains_on_the_train_file_of_a_folder_with_solution_references(tiny_
     # 2 steps x 2 ranks x 1 prompt group of the 32 training rows (with the 8 test rows it would be 40).
     assert steps[-1]["epoch"] == pytest.approx(2 * 2 / 32)
     assert all("rewards/accuracy_reward/mean" in row for row in steps)
+    history = json.loads((out / "log_history.json").read_text())
+    evals = [row for row in history if "eval_rewards/accuracy_reward/mean" in row]
+    assert [row["step"] for row in evals] == [2]
+    assert "eval_rewards/vowel_fraction/mean" in evals[0]
 
 
 def test_cli_trains_a_model_without_a_chat_template_on_plain_text_prompts(tiny_model, tmp_path):

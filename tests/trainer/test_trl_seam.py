@@ -60,3 +60,25 @@ def test_a_renamed_or_reshaped_hook_is_a_loud_error():
         check_hooks(Renamed)
     with pytest.raises(RuntimeError, match=r"GRPOTrainer._prepare_inputs is \('batch',\)"):
         check_hooks(Reshaped)
+
+
+@pytest.mark.parametrize("option", ["tools", "environment_factory"])
+def test_tool_loops_are_refused_before_anything_loads(tmp_path, option):
+    from colocate_grpo import ColocateGRPOConfig, ColocateGRPOTrainer
+
+    def lookup(city: str) -> str:
+        """Weather of a city.
+
+        Args:
+            city: the city.
+        """
+        return "sunny"
+
+    value = [lookup] if option == "tools" else (lambda: None)
+    args = ColocateGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4)
+    with pytest.raises(
+        ValueError, match=f"{option}: ColocateGRPOTrainer does not run TRL's multi-turn tool loop"
+    ):
+        # "/nonexistent/model": nothing is loaded before the refusal.
+        ColocateGRPOTrainer(model="/nonexistent/model", reward_funcs=[lambda completions, **kw: [0.0]], args=args,
+                            **{option: value})  # fmt: skip
