@@ -6,10 +6,11 @@ rejects unknown YAML keys). `__post_init__` only validates and resolves: anythin
 filesystem or threads happens in the CLI or the trainer.
 """
 
+from .engine import check_engine_dtype
 from .rewards import RewardOptions
 from .script import ModelArguments, ScriptArguments, check_eval, check_lora_mode
 from .server import ServeArgs
-from .trainer import ColocateGRPOConfig, check_engine_dtype
+from .trainer import ColocateGRPOConfig
 
 __all__ = [
     "ColocateGRPOConfig",
